@@ -1,0 +1,89 @@
+# dscluster — `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+DSC := $(BIN)/dscluster
+INV ?= local
+NODES ?= 3
+ZERO ?= 2
+export DSCLUSTER_HOME := $(CURDIR)
+export DSCLUSTER_CACHE ?= $(HOME)/.cache/dscluster
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+# An inventory name (local, or a directory under inventories/) or a path.
+INV_PATH = $(if $(wildcard $(INV)/hosts.yml)$(wildcard $(INV)),$(INV),inventories/$(INV))
+
+.PHONY: help
+help: ## List the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(BIN)/dscluster: python/pyproject.toml python/requirements-dev.lock
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r python/requirements-dev.lock
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e python
+	@touch $@
+
+.PHONY: venv
+venv: $(BIN)/dscluster ## Create .venv with dscluster, Ansible, molecule and the linters
+
+.PHONY: engine
+engine: ## Start a Docker engine when none answers (installs docker.io if needed)
+	@bash docker/ensure-engine.sh
+
+.PHONY: images
+images: venv engine ## Base image (pull, else debootstrap) and node image, cached by Docker
+	@$(DSC) image
+
+.PHONY: demo
+demo: images ## Local 3-node cluster, provisioned, hostfile, smoke test (ZeRO-2)
+	$(DSC) local up --name local --nodes $(NODES)
+	$(DSC) provision -i inventories/local
+	$(DSC) hostfile -i inventories/local
+	$(DSC) smoke -i inventories/local --zero $(ZERO)
+
+.PHONY: provision
+provision: images ## Inventory -> site.yml -> hostfile -> smoke (INV=local or a path)
+	@if [ "$(INV)" = "local" ]; then $(DSC) local up --name local --nodes $(NODES); fi
+	$(DSC) provision -i $(INV_PATH)
+	$(DSC) hostfile -i $(INV_PATH)
+	$(DSC) smoke -i $(INV_PATH) --zero $(ZERO)
+
+.PHONY: down
+down: venv ## Remove the local cluster (containers, network, volume, inventory, keys)
+	$(DSC) local down --name local
+
+.PHONY: lint
+lint: venv ## ruff, yamllint, ansible-lint (production), argument_specs vs defaults
+	$(BIN)/ruff check python
+	$(BIN)/ruff format --check python
+	$(BIN)/yamllint -s .
+	$(BIN)/ansible-lint
+	$(BIN)/python scripts/check_argument_specs.py
+
+.PHONY: unit
+unit: venv ## Python unit tests (no Docker)
+	bash scripts/pytest.sh -m "not docker"
+
+.PHONY: e2e
+e2e: images ## End-to-end test: local cluster, provision, hostfile, smoke, DeepSpeed parsers
+	bash scripts/pytest.sh -m docker
+
+.PHONY: molecule
+molecule: images ## molecule test -s cluster (head + 2 workers, converge = site.yml)
+	$(BIN)/molecule test -s cluster
+
+.PHONY: test
+test: lint unit molecule e2e ## Everything: lint, unit, molecule cluster scenario, end-to-end
+
+.PHONY: bench
+bench: images ## Timings: demo cold vs warm, re-converge, job start with/without pre-built ops
+	bash scripts/bench.sh
+
+.PHONY: clean
+clean: ## Remove the venv and the local cluster (keeps cached images and wheelhouse)
+	-$(DSC) local down --name local
+	rm -rf $(VENV)

@@ -1,0 +1,200 @@
+"""DeepSpeed hostfile and `.deepspeed_env`, derived from the inventory + recorded facts.
+
+Pure rendering and validation here; `write_launch_files` is the one place that does I/O.
+Rules come from DeepSpeed's launcher: hostfile lines must match `^(\\S+)\\s+slots=(\\d+)`,
+duplicates are refused and the first host is the master; `.deepspeed_env` lines are split
+once on `=`, keys stripped, values stripped and wrapped in double quotes when they hold a
+character outside `[\\w@%+=:,./-]` before being pasted into a pdsh command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .errors import DsclusterError
+from .inventory import Inventory
+from .util import atomic_write
+
+HOSTNAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# DeepSpeed's MultiNodeRunner.add_export quotes values with any other character in "...",
+# where the remote shell then expands $, `, \ and " — so those values would arrive changed.
+ENV_SAFE_VALUE_RE = re.compile(r"^[\w@%+=:,./-]*$")
+ENV_MANGLED_CHARS = set('$`"\\!\n\r')
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeFacts:
+    """What the roles recorded about one node (one JSON file per host)."""
+
+    host: str
+    accelerator: str
+    accelerator_count: int
+    cpu_slots: int
+    interface: str
+    address: str
+    venv: str
+    cpus: int
+    versions: Mapping[str, Any]
+
+    @property
+    def slots(self) -> int:
+        return self.accelerator_count if self.accelerator != "cpu" else self.cpu_slots
+
+    @classmethod
+    def from_json(cls, host: str, data: Mapping[str, Any]) -> NodeFacts:
+        try:
+            acc = data["accelerators"]
+            return cls(
+                host=host,
+                accelerator=str(acc["kind"]),
+                accelerator_count=int(acc["count"]),
+                cpu_slots=int(data.get("cpu_slots", 1)),
+                interface=str(data.get("interface", "")),
+                address=str(data.get("address", "")),
+                venv=str(data["venv"]),
+                cpus=int(acc.get("cpus", 1)),
+                versions=dict(data.get("versions", {})),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DsclusterError(
+                f"recorded facts of {host} are incomplete ({exc}); run 'dscluster provision' again"
+            ) from exc
+
+
+def load_facts(inv: Inventory) -> list[NodeFacts]:
+    """Recorded facts for every inventory host, head first; a host without facts is an error."""
+    facts_dir = inv.directory / "facts"
+    result = []
+    missing = []
+    for host in inv.hosts:
+        path = facts_dir / f"{host}.json"
+        if not path.is_file():
+            missing.append(host)
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise DsclusterError(f"{path} is not valid JSON ({exc}); run 'dscluster provision'") from exc
+        result.append(NodeFacts.from_json(host, data))
+    if missing:
+        raise DsclusterError(
+            f"no recorded facts for {', '.join(missing)} in {facts_dir}; run "
+            f"'dscluster provision -i {inv.source}' so the roles record them"
+        )
+    return result
+
+
+def render_hostfile(entries: Iterable[tuple[str, int]]) -> str:
+    """`host slots=N` lines, in the given order (head first); validated."""
+    entries = list(entries)
+    if not entries:
+        raise DsclusterError("the cluster has no hosts; add hosts to the inventory")
+    seen: set[str] = set()
+    lines = []
+    for host, slots in entries:
+        if not HOSTNAME_RE.match(host):
+            raise DsclusterError(
+                f"host name {host!r} cannot go in a DeepSpeed hostfile or a pdsh -w list; "
+                "rename it in the inventory (letters, digits, '.', '_', '-')"
+            )
+        if host in seen:
+            raise DsclusterError(f"host {host} appears twice; list every host once in the inventory")
+        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
+            raise DsclusterError(
+                f"host {host} has slots={slots}; a node needs at least one slot (set "
+                "dscluster_cpu_slots >= 1 for CPU nodes, or check its accelerators)"
+            )
+        seen.add(host)
+        lines.append(f"{host} slots={slots}")
+    return "\n".join(lines) + "\n"
+
+
+def check_env_value(key: str, value: str) -> None:
+    if not ENV_KEY_RE.match(key):
+        raise DsclusterError(f".deepspeed_env key {key!r} is not a shell variable name; rename it")
+    if value == "" or value != value.strip():
+        raise DsclusterError(
+            f".deepspeed_env value of {key} is empty or has surrounding blanks, which DeepSpeed strips; fix it"
+        )
+    bad = sorted(set(value) & ENV_MANGLED_CHARS)
+    if bad:
+        raise DsclusterError(
+            f".deepspeed_env value of {key} contains {''.join(bad)!r}, which DeepSpeed's pdsh "
+            "launcher would expand or mangle; remove those characters"
+        )
+
+
+def render_env(env: Mapping[str, str]) -> str:
+    """Exactly `KEY=VALUE` lines: no comments, blanks, quotes or `export`."""
+    if not env:
+        raise DsclusterError(".deepspeed_env would be empty; it needs at least PATH")
+    lines = []
+    for key, value in env.items():
+        check_env_value(key, value)
+        lines.append(f"{key}={value}")
+    return "\n".join(lines) + "\n"
+
+
+def derive_env(facts: list[NodeFacts], extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The launcher environment every rank gets, from the recorded facts."""
+    venvs = {f.venv for f in facts}
+    if len(venvs) != 1:
+        raise DsclusterError(
+            f"nodes record different venv paths ({', '.join(sorted(venvs))}); the pdsh launcher "
+            "needs one path on every node: set dscluster_venv once for the whole inventory"
+        )
+    venv = venvs.pop()
+    env = {
+        "PATH": f"{venv}/bin:{SYSTEM_PATH}",
+        "TORCH_EXTENSIONS_DIR": str(pathlib.PurePosixPath(venv).parent / "torch_extensions"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    ifaces = {f.interface for f in facts}
+    if len(ifaces) == 1 and "" not in ifaces:
+        iface = ifaces.pop()
+        # gloo (CPU) and NCCL (GPU) pick "the first" interface by themselves; pin the one the
+        # nodes reach each other on.
+        env["GLOO_SOCKET_IFNAME"] = iface
+        env["NCCL_SOCKET_IFNAME"] = iface
+    kinds = {f.accelerator for f in facts}
+    if kinds == {"cpu"}:
+        threads = min(max(1, f.cpus // max(1, f.slots)) for f in facts)
+        env["OMP_NUM_THREADS"] = str(threads)
+    if extra:
+        env.update(extra)
+    return env
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchFiles:
+    hostfile: pathlib.Path
+    env_file: pathlib.Path
+    facts: list[NodeFacts]
+
+    @property
+    def world_size(self) -> int:
+        return sum(f.slots for f in self.facts)
+
+
+def write_launch_files(inv: Inventory, extra_env: Mapping[str, str] | None = None) -> LaunchFiles:
+    """Derive and write `hostfile` and `.deepspeed_env` beside the inventory, atomically.
+
+    Both are rendered and validated before either is written: on any error nothing changes.
+    """
+    facts = load_facts(inv)
+    hostfile_text = render_hostfile((f.host, f.slots) for f in facts)
+    extra = dict(inv.var(inv.head, "dscluster_extra_env", {}) or {})
+    extra.update(extra_env or {})
+    env_text = render_env(derive_env(facts, extra))
+    hostfile = inv.directory / "hostfile"
+    env_file = inv.directory / ".deepspeed_env"
+    atomic_write(hostfile, hostfile_text)
+    atomic_write(env_file, env_text)
+    return LaunchFiles(hostfile=hostfile, env_file=env_file, facts=facts)

@@ -1,0 +1,278 @@
+"""A local cluster of systemd node containers on one Docker network.
+
+`up` is idempotent: it creates what is missing, starts what is stopped, and rewrites the
+inventory only when something changed. Trust is bootstrapped over `docker exec`, a channel
+that is already trusted: the controller's bootstrap key goes in that way, and each node's
+own host key comes out that way into the cluster's known_hosts. Nothing is scanned blindly
+and host key checking stays on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import pathlib
+import re
+import shutil
+import time
+
+from rich.console import Console
+
+from .errors import DsclusterError
+from .inventory import write_hosts_yml
+from .util import atomic_write, project_root, run, state_dir
+
+NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
+LABEL = "dscluster.cluster"
+SHARED_PATH = "/shared"
+RUN_FLAGS = [
+    "--cap-add", "SYS_ADMIN",
+    "--security-opt", "seccomp=unconfined",
+    "--security-opt", "apparmor=unconfined",
+    "--cgroupns=host",
+    "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+    "--tmpfs", "/run",
+    "--tmpfs", "/run/lock",
+    "--ulimit", "memlock=-1:-1",
+]  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    name: str  # inventory host name == container hostname
+    container: str
+    address: str
+    host_key: str
+
+
+def check_name(name: str) -> None:
+    if not NAME_RE.match(name):
+        raise DsclusterError(
+            f"cluster name {name!r} is not usable; use lowercase letters, digits and '-', "
+            "starting with a letter, at most 31 characters"
+        )
+
+
+def docker(*args: str, check: bool = True, timeout: float = 120) -> str:
+    return run(["docker", *args], check=check, timeout=timeout).stdout.strip()
+
+
+def ensure_engine() -> None:
+    if shutil.which("docker") is None:
+        raise DsclusterError("docker is not installed; run 'make engine' (installs docker.io)")
+    if run(["docker", "info"], check=False, timeout=30).returncode != 0:
+        raise DsclusterError(
+            "no Docker engine answers; run 'make engine' (starts dockerd) or start Docker"
+        )
+
+
+def node_image(base: str = "debian:bookworm", console: Console | None = None) -> str:
+    """The node image tag for the current docker/node sources; built when missing."""
+    root = project_root()
+    src = root / "docker" / "node"
+    digest = hashlib.sha256(base.encode())
+    for path in sorted(src.rglob("*")):
+        if path.is_file():
+            digest.update(path.relative_to(src).as_posix().encode() + b"\0" + path.read_bytes())
+    tag = f"dscluster/node:{digest.hexdigest()[:12]}"
+    if run(["docker", "image", "inspect", tag], check=False).returncode == 0:
+        return tag
+    if console:
+        console.print(f"building node image {tag}")
+    run(["bash", str(root / "docker" / "base-image.sh"), base], timeout=900)
+    run(
+        ["docker", "build", "-q", "--build-arg", f"BASE_IMAGE={base}", "-t", tag, str(src)],
+        timeout=1800,
+    )
+    return tag
+
+
+def _containers(cluster: str) -> list[str]:
+    out = docker("ps", "-a", "--filter", f"label={LABEL}={cluster}", "--format", "{{.Names}}")
+    return sorted(n for n in out.splitlines() if n)
+
+
+def _ensure_keypair(path: pathlib.Path, comment: str) -> str:
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
+    path.chmod(0o600)
+    return path.with_suffix(".pub").read_text().strip()
+
+
+def _wait_host_key(container: str, timeout: float = 90) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        proc = run(
+            ["docker", "exec", container, "cat", "/etc/ssh/ssh_host_ed25519_key.pub"], check=False
+        )
+        if proc.returncode == 0 and proc.stdout.startswith("ssh-ed25519 "):
+            return " ".join(proc.stdout.split()[:2])
+        time.sleep(1)
+    raise DsclusterError(
+        f"container {container} made no SSH host key within {timeout:.0f} s; "
+        f"see 'docker exec {container} systemctl status ssh-hostkeys ssh'"
+    )
+
+
+def _install_bootstrap_key(container: str, pubkey: str) -> None:
+    script = (
+        "install -d -m 0700 /root/.ssh && touch /root/.ssh/authorized_keys && "
+        "chmod 0600 /root/.ssh/authorized_keys && "
+        'grep -qxF "$1" /root/.ssh/authorized_keys || echo "$1" >> /root/.ssh/authorized_keys'
+    )
+    docker("exec", container, "sh", "-c", script, "sh", pubkey)
+
+
+def _wait_ssh(node: Node, key: pathlib.Path, known_hosts: pathlib.Path, timeout: float = 90) -> None:
+    argv = [
+        "ssh", "-i", str(key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+        "-o", f"UserKnownHostsFile={known_hosts}", "-o", "ConnectTimeout=5",
+        f"root@{node.address}", "true",
+    ]  # fmt: skip
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        proc = run(argv, check=False, timeout=30)
+        if proc.returncode == 0:
+            return
+        last = proc.stderr.strip().splitlines()[-1:] or [""]
+        last = last[0]
+        time.sleep(1)
+    raise DsclusterError(f"cannot ssh to {node.name} ({node.address}): {last}")
+
+
+def inventory_dir(name: str) -> pathlib.Path:
+    return project_root() / "inventories" / name
+
+
+def up(
+    name: str,
+    nodes: int,
+    *,
+    cpu_slots: int = 1,
+    shm_size: str = "1g",
+    base_image: str = "debian:bookworm",
+    console: Console | None = None,
+) -> pathlib.Path:
+    """Create or reconcile the cluster; returns the path of its hosts.yml."""
+    check_name(name)
+    if nodes < 1 or nodes > 64:
+        raise DsclusterError(f"--nodes {nodes} is out of range; use 1 to 64")
+    if cpu_slots < 1:
+        raise DsclusterError(f"--slots {cpu_slots} is out of range; use 1 or more")
+    console = console or Console(stderr=True)
+    ensure_engine()
+    image = node_image(base_image, console)
+    network, volume = f"dsc-{name}", f"dsc-{name}-shared"
+    if run(["docker", "network", "inspect", network], check=False).returncode != 0:
+        docker("network", "create", "--label", f"{LABEL}={name}", network)
+    if run(["docker", "volume", "inspect", volume], check=False).returncode != 0:
+        docker("volume", "create", "--label", f"{LABEL}={name}", volume)
+
+    wanted = [f"dsc-{name}-n{i}" for i in range(1, nodes + 1)]
+    for extra in sorted(set(_containers(name)) - set(wanted)):
+        console.print(f"removing {extra} (cluster now has {nodes} nodes)")
+        docker("rm", "-f", extra)
+    for container in wanted:
+        host = container.removeprefix("dsc-")
+        state = run(
+            ["docker", "inspect", "-f", "{{.State.Running}} {{.Config.Image}}", container],
+            check=False,
+        )
+        if state.returncode == 0 and state.stdout.split()[1] != image:
+            console.print(f"{container} runs an older node image; recreating it")
+            docker("rm", "-f", container)
+            state = run(["docker", "inspect", container], check=False)
+        if state.returncode != 0:
+            console.print(f"starting {container}")
+            docker(
+                "run", "-d", "--name", container, "--hostname", host,
+                "--label", f"{LABEL}={name}", "--network", network, "--network-alias", host,
+                "--shm-size", shm_size, "-v", f"{volume}:{SHARED_PATH}", *RUN_FLAGS, image,
+            )  # fmt: skip
+        elif state.stdout.split()[0] != "true":
+            console.print(f"starting stopped {container}")
+            docker("start", container)
+
+    sdir = state_dir(name)
+    key = sdir / "bootstrap_ed25519"
+    pub = _ensure_keypair(key, f"dscluster-bootstrap-{name}")
+    result: list[Node] = []
+    for container in wanted:
+        info = json.loads(docker("inspect", container))[0]
+        address = info["NetworkSettings"]["Networks"][network]["IPAddress"]
+        _install_bootstrap_key(container, pub)
+        host_key = _wait_host_key(container)
+        result.append(Node(container.removeprefix("dsc-"), container, address, host_key))
+    known_hosts = sdir / "known_hosts"
+    atomic_write(
+        known_hosts, "".join(f"{n.name},{n.address} {n.host_key}\n" for n in result), mode=0o600
+    )
+    for node in result:
+        _wait_ssh(node, key, known_hosts)
+    return _write_inventory(name, result, key, known_hosts, cpu_slots, sdir)
+
+
+def _write_inventory(
+    name: str,
+    nodes: list[Node],
+    key: pathlib.Path,
+    known_hosts: pathlib.Path,
+    cpu_slots: int,
+    sdir: pathlib.Path,
+) -> pathlib.Path:
+    data = {
+        "all": {
+            "vars": {
+                "dscluster_cluster_name": name,
+                "dscluster_state_dir": str(sdir),
+                "dscluster_training_user": "ds",
+                "dscluster_shared_dir": SHARED_PATH,
+                "dscluster_shared_storage": True,
+                "dscluster_cpu_slots": cpu_slots,
+                "ansible_user": "root",
+                "ansible_ssh_private_key_file": str(key),
+                "ansible_ssh_common_args": (
+                    f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes"
+                ),
+            },
+            "children": {
+                "head": {"hosts": {nodes[0].name: {"ansible_host": nodes[0].address}}},
+                "workers": {"hosts": {n.name: {"ansible_host": n.address} for n in nodes[1:]}},
+            },
+        }
+    }
+    header = (
+        f"# Written by `dscluster local up --name {name} --nodes {len(nodes)}`: a local cluster\n"
+        f"# of node containers on Docker network dsc-{name}. Host keys were read from each\n"
+        f"# container over `docker exec` into {known_hosts}.\n"
+    )
+    return write_hosts_yml(inventory_dir(name), data, header)
+
+
+def down(name: str, console: Console | None = None) -> list[str]:
+    """Remove the cluster's containers, network, volume, inventory and state; returns what went."""
+    check_name(name)
+    console = console or Console(stderr=True)
+    ensure_engine()
+    removed = []
+    for container in _containers(name):
+        docker("rm", "-f", "-v", container)
+        removed.append(container)
+    for kind, obj in (("network", f"dsc-{name}"), ("volume", f"dsc-{name}-shared")):
+        if run(["docker", kind, "inspect", obj], check=False).returncode == 0:
+            docker(kind, "rm", obj)
+            removed.append(obj)
+    inv = inventory_dir(name)
+    if (inv / "hosts.yml").exists():
+        for item in ("hosts.yml", "hostfile", ".deepspeed_env"):
+            (inv / item).unlink(missing_ok=True)
+        shutil.rmtree(inv / "facts", ignore_errors=True)
+        shutil.rmtree(inv / "reports", ignore_errors=True)
+        if not any(inv.iterdir()):
+            inv.rmdir()
+        removed.append(str(inv))
+    shutil.rmtree(state_dir(name), ignore_errors=True)
+    return removed

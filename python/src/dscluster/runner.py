@@ -1,0 +1,233 @@
+"""Drive playbooks through ansible-runner: live progress, a per-host summary, clear failures."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+from collections import defaultdict
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from .errors import DsclusterError
+from .inventory import Inventory
+from .util import cache_dir, project_root
+
+
+@dataclasses.dataclass
+class HostSummary:
+    ok: int = 0
+    changed: int = 0
+    failed: int = 0
+    unreachable: int = 0
+    skipped: int = 0
+
+
+@dataclasses.dataclass
+class PlaybookResult:
+    status: str
+    rc: int
+    hosts: dict[str, HostSummary]
+    failures: list[tuple[str, str, str]]  # host, task, message
+
+    @property
+    def failed_hosts(self) -> list[str]:
+        return sorted({h for h, s in self.hosts.items() if s.failed or s.unreachable})
+
+    @property
+    def changed_total(self) -> int:
+        return sum(s.changed for s in self.hosts.values())
+
+
+class Progress:
+    """Tracks runner events and renders plays/tasks/hosts for rich.Live."""
+
+    def __init__(self, playbook: str, hosts: list[str]) -> None:
+        self.playbook = playbook
+        self.play = ""
+        self.task = ""
+        self.tasks_done = 0
+        self.hosts = {h: HostSummary() for h in hosts}
+        self.current: dict[str, str] = {}
+        self.failures: list[tuple[str, str, str]] = []
+
+    def handle(self, event: dict[str, Any]) -> bool:
+        kind = event.get("event", "")
+        data = event.get("event_data", {}) or {}
+        host = data.get("host") or ""
+        if kind == "playbook_on_play_start":
+            self.play = data.get("play", "")
+        elif kind == "playbook_on_task_start":
+            self.task = data.get("task", "")
+            self.tasks_done += 1
+        elif kind.startswith("runner_on_") and host:
+            summary = self.hosts.setdefault(host, HostSummary())
+            res = data.get("res", {}) or {}
+            if kind == "runner_on_ok":
+                summary.ok += 1
+                summary.changed += 1 if res.get("changed") else 0
+            elif kind == "runner_on_failed" and not data.get("ignore_errors"):
+                summary.failed += 1
+                self.failures.append((host, data.get("task", ""), _message(res)))
+            elif kind == "runner_on_unreachable":
+                summary.unreachable += 1
+                self.failures.append((host, data.get("task", ""), _message(res)))
+            elif kind == "runner_on_skipped":
+                summary.skipped += 1
+            self.current[host] = data.get("task", "")
+        return False  # keep no event files: progress is all we need
+
+    def render(self) -> Table:
+        table = Table(title=f"{self.playbook} — play: {self.play}", title_justify="left")
+        table.add_column("host")
+        table.add_column("ok", justify="right")
+        table.add_column("changed", justify="right")
+        table.add_column("failed", justify="right")
+        table.add_column("unreachable", justify="right")
+        table.add_column("last task")
+        for host, s in self.hosts.items():
+            table.add_row(
+                host,
+                str(s.ok),
+                Text(str(s.changed), style="yellow" if s.changed else ""),
+                Text(str(s.failed), style="red" if s.failed else ""),
+                Text(str(s.unreachable), style="red" if s.unreachable else ""),
+                self.current.get(host, ""),
+            )
+        table.caption = f"task {self.tasks_done}: {self.task}"
+        return table
+
+
+def _message(res: dict[str, Any]) -> str:
+    msg = res.get("msg") or res.get("stderr") or res.get("reason") or ""
+    if isinstance(msg, list):
+        msg = " ".join(map(str, msg))
+    return " ".join(str(msg).split())[:400]
+
+
+def run_playbook(
+    playbook: str,
+    inv: Inventory,
+    *,
+    extravars: dict[str, Any] | None = None,
+    limit: str | None = None,
+    tags: str | None = None,
+    timeout: int | None = None,
+    console: Console | None = None,
+    live: bool | None = None,
+) -> PlaybookResult:
+    """Run playbooks/<playbook> against the inventory; returns the summary (never raises on
+    a failed play: callers decide)."""
+    import ansible_runner  # noqa: PLC0415 - slow import, only when a playbook runs
+
+    root = project_root()
+    path = root / "playbooks" / playbook
+    if not path.is_file():
+        raise DsclusterError(f"playbook {path} not found; is DSCLUSTER_HOME the dscluster checkout?")
+    console = console or Console(stderr=True)
+    if live is None:
+        live = console.is_terminal
+    runs = cache_dir() / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    private = pathlib.Path(tempfile.mkdtemp(prefix="run-", dir=runs))
+    hosts = inv.hosts
+    progress = Progress(playbook, hosts)
+    bin_dir = str(pathlib.Path(sys.executable).parent)
+    envvars = {
+        "ANSIBLE_CONFIG": str(root / "ansible.cfg"),
+        "ANSIBLE_ROLES_PATH": str(root / "roles"),
+        "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+        "ANSIBLE_FORCE_COLOR": "0",
+    }
+    kwargs: dict[str, Any] = {
+        "private_data_dir": str(private),
+        "project_dir": str(root / "playbooks"),
+        "playbook": str(path),
+        "inventory": str(inv.source),
+        "extravars": extravars or {},
+        "envvars": envvars,
+        "forks": max(5, min(64, len(hosts))),
+        "quiet": True,
+        "event_handler": progress.handle,
+        "timeout": timeout,
+    }
+    if limit:
+        kwargs["limit"] = limit
+    if tags:
+        kwargs["tags"] = tags
+    try:
+        if live:
+            with Live(progress.render(), console=console, refresh_per_second=4) as view:
+
+                def handler(event: dict[str, Any]) -> bool:
+                    progress.handle(event)
+                    view.update(progress.render())
+                    return False
+
+                kwargs["event_handler"] = handler
+                result = ansible_runner.run(**kwargs)
+        else:
+            last = [""]
+
+            def plain(event: dict[str, Any]) -> bool:
+                progress.handle(event)
+                line = f"[{progress.play}] {progress.task}"
+                if line != last[0] and event.get("event") == "playbook_on_task_start":
+                    console.print(line, highlight=False)
+                    last[0] = line
+                return False
+
+            kwargs["event_handler"] = plain
+            result = ansible_runner.run(**kwargs)
+        stdout = result.stdout.read() if result.stdout else ""
+    finally:
+        keep = os.environ.get("DSCLUSTER_KEEP_RUNS")
+        if not keep:
+            shutil.rmtree(private, ignore_errors=True)
+    stats = result.stats or {}
+    for field, attr in (
+        ("ok", "ok"),
+        ("changed", "changed"),
+        ("failures", "failed"),
+        ("dark", "unreachable"),
+        ("skipped", "skipped"),
+    ):
+        for host, count in (stats.get(field) or {}).items():
+            setattr(progress.hosts.setdefault(host, HostSummary()), attr, count)
+    if result.status == "timeout":
+        progress.failures.append(("-", playbook, f"did not finish within {timeout} s"))
+    if result.rc != 0 and not progress.failures:
+        tail = [ln for ln in stdout.splitlines() if ln.strip()][-3:]
+        progress.failures.append(("-", playbook, " ".join(tail)[:400] or result.status))
+    return PlaybookResult(
+        status=result.status, rc=result.rc, hosts=progress.hosts, failures=progress.failures
+    )
+
+
+def summary_table(result: PlaybookResult, title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for col in ("host", "ok", "changed", "failed", "unreachable", "skipped"):
+        table.add_column(col, justify="left" if col == "host" else "right")
+    for host, s in sorted(result.hosts.items()):
+        table.add_row(
+            host, str(s.ok), str(s.changed), str(s.failed), str(s.unreachable), str(s.skipped)
+        )
+    return table
+
+
+def raise_for_failures(result: PlaybookResult, what: str) -> None:
+    if result.rc == 0 and not result.failed_hosts:
+        return
+    if result.failures:
+        host, task, msg = result.failures[0]
+        more = f" (+{len(result.failures) - 1} more)" if len(result.failures) > 1 else ""
+        hosts = ", ".join(result.failed_hosts) or host
+        raise DsclusterError(f"{what} failed on {hosts}: task '{task}' on {host}: {msg}{more}")
+    raise DsclusterError(f"{what} failed ({result.status}, rc={result.rc})")

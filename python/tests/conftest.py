@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import json
+import pathlib
+import textwrap
+
+import pytest
+
+
+@pytest.fixture
+def inventory_dir(tmp_path: pathlib.Path) -> pathlib.Path:
+    """A three-host inventory with recorded facts, as provision leaves it."""
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text(
+        textwrap.dedent(
+            """\
+            all:
+              vars:
+                dscluster_cpu_slots: 1
+              children:
+                head:
+                  hosts:
+                    node-a: {}
+                workers:
+                  hosts:
+                    node-b: {}
+                    node-c: {}
+            """
+        )
+    )
+    facts = inv / "facts"
+    facts.mkdir()
+    for host, kind, count in (("node-a", "cuda", 4), ("node-b", "cuda", 2), ("node-c", "cpu", 0)):
+        write_facts(facts, host, kind=kind, count=count)
+    return inv
+
+
+def write_facts(facts: pathlib.Path, host: str, *, kind: str = "cpu", count: int = 0, **over) -> None:
+    data = {
+        "host": host,
+        "hostname": host,
+        "address": "10.0.0.1",
+        "interface": "eth0",
+        "accelerators": {"kind": kind, "count": count, "cpus": 8},
+        "versions": {"torch": "2.13.0+cpu", "deepspeed": "0.19.8"},
+        "cpu_slots": 2,
+        "venv": "/opt/dscluster/venv",
+    }
+    data.update(over)
+    (facts / f"{host}.json").write_text(json.dumps(data))

@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from dscluster import cli
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dscluster", *args], capture_output=True, text=True, check=False
+    )
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 1, proc
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr  # one line, no traceback
+    assert lines[0].startswith("dscluster: error: ")
+    return lines[0]
+
+
+def test_missing_inventory_is_one_line(tmp_path: pathlib.Path):
+    line = one_line_error(run_cli("hostfile", "-i", str(tmp_path / "nope")))
+    assert "does not exist" in line and "-i inventories/<name>" in line
+
+
+def test_inventory_dir_without_hosts(tmp_path: pathlib.Path):
+    line = one_line_error(run_cli("hostfile", "-i", str(tmp_path)))
+    assert "has no hosts.yml" in line
+
+
+def test_unparseable_inventory(tmp_path: pathlib.Path):
+    (tmp_path / "hosts.yml").write_text("all: [unclosed\n")
+    line = one_line_error(run_cli("hostfile", "-i", str(tmp_path / "hosts.yml")))
+    assert "cannot read" in line or "has no hosts" in line
+
+
+def test_two_heads_refused(tmp_path: pathlib.Path):
+    (tmp_path / "hosts.yml").write_text(
+        "all:\n  children:\n    head:\n      hosts:\n        a: {}\n        b: {}\n"
+    )
+    line = one_line_error(run_cli("hostfile", "-i", str(tmp_path)))
+    assert "2 hosts in group 'head'" in line
+
+
+def test_hostfile_without_facts_names_hosts(inventory_dir: pathlib.Path):
+    for f in (inventory_dir / "facts").iterdir():
+        f.unlink()
+    line = one_line_error(run_cli("hostfile", "-i", str(inventory_dir)))
+    assert "node-a, node-b, node-c" in line and "dscluster provision" in line
+    assert not (inventory_dir / "hostfile").exists()
+
+
+def test_hostfile_ok(inventory_dir: pathlib.Path):
+    proc = run_cli("hostfile", "-i", str(inventory_dir))
+    assert proc.returncode == 0, proc.stderr
+    assert "8 slots on 3 hosts" in proc.stdout
+    assert (inventory_dir / "hostfile").read_text().startswith("node-a slots=4\n")
+
+
+def test_bad_cluster_name():
+    line = one_line_error(run_cli("local", "up", "--name", "Bad_Name"))
+    assert "cluster name 'Bad_Name' is not usable" in line
+
+
+def test_bad_zero_stage_is_usage_error(inventory_dir: pathlib.Path):
+    proc = run_cli("smoke", "-i", str(inventory_dir), "--zero", "7")
+    assert proc.returncode == 2
+    assert "invalid choice" in proc.stderr
+
+
+def test_parser_lists_commands():
+    parser = cli.build_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
