@@ -74,7 +74,7 @@ e2e: images ## End-to-end test: local cluster, provision, hostfile, smoke, DeepS
 
 .PHONY: molecule
 molecule: images ## molecule test -s cluster (head + 2 workers, converge = site.yml)
-	$(BIN)/molecule test -s cluster
+	DSCLUSTER_NODE_IMAGE=$$($(DSC) image) $(BIN)/molecule test -s cluster
 
 .PHONY: test
 test: lint unit molecule e2e ## Everything: lint, unit, molecule cluster scenario, end-to-end

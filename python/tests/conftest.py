@@ -36,7 +36,9 @@ def inventory_dir(tmp_path: pathlib.Path) -> pathlib.Path:
     return inv
 
 
-def write_facts(facts: pathlib.Path, host: str, *, kind: str = "cpu", count: int = 0, **over) -> None:
+def write_facts(
+    facts: pathlib.Path, host: str, *, kind: str = "cpu", count: int = 0, **over
+) -> None:
     data = {
         "host": host,
         "hostname": host,

@@ -119,7 +119,12 @@ def test_missing_facts_names_host_and_writes_nothing(inventory_dir: pathlib.Path
 
 def test_bad_env_value_writes_neither_file(inventory_dir: pathlib.Path):
     hosts = inventory_dir / "hosts.yml"
-    hosts.write_text(hosts.read_text().replace("dscluster_cpu_slots: 1", "dscluster_cpu_slots: 1\n    dscluster_extra_env: {MY_VAR: '$HOME'}"))
+    hosts.write_text(
+        hosts.read_text().replace(
+            "dscluster_cpu_slots: 1",
+            "dscluster_cpu_slots: 1\n    dscluster_extra_env: {MY_VAR: '$HOME'}",
+        )
+    )
     inv = inventory.load(inventory_dir)
     with pytest.raises(DsclusterError, match="MY_VAR"):
         hostfile.write_launch_files(inv)

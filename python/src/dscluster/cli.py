@@ -25,7 +25,9 @@ def _inventory(value: str):
 def cmd_local_up(args: argparse.Namespace, out: Console, err: Console) -> int:
     from . import local  # noqa: PLC0415
 
-    path = local.up(args.name, args.nodes, cpu_slots=args.slots, shm_size=args.shm_size, console=err)
+    path = local.up(
+        args.name, args.nodes, cpu_slots=args.slots, shm_size=args.shm_size, console=err
+    )
     out.print(f"local cluster '{args.name}': {args.nodes} nodes, inventory {path}")
     return 0
 

@@ -81,7 +81,9 @@ def load_facts(inv: Inventory) -> list[NodeFacts]:
         try:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as exc:
-            raise DsclusterError(f"{path} is not valid JSON ({exc}); run 'dscluster provision'") from exc
+            raise DsclusterError(
+                f"{path} is not valid JSON ({exc}); run 'dscluster provision'"
+            ) from exc
         result.append(NodeFacts.from_json(host, data))
     if missing:
         raise DsclusterError(
@@ -105,7 +107,9 @@ def render_hostfile(entries: Iterable[tuple[str, int]]) -> str:
                 "rename it in the inventory (letters, digits, '.', '_', '-')"
             )
         if host in seen:
-            raise DsclusterError(f"host {host} appears twice; list every host once in the inventory")
+            raise DsclusterError(
+                f"host {host} appears twice; list every host once in the inventory"
+            )
         if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
             raise DsclusterError(
                 f"host {host} has slots={slots}; a node needs at least one slot (set "
@@ -121,7 +125,8 @@ def check_env_value(key: str, value: str) -> None:
         raise DsclusterError(f".deepspeed_env key {key!r} is not a shell variable name; rename it")
     if value == "" or value != value.strip():
         raise DsclusterError(
-            f".deepspeed_env value of {key} is empty or has surrounding blanks, which DeepSpeed strips; fix it"
+            f".deepspeed_env value of {key} is empty or has surrounding blanks, "
+            "which DeepSpeed strips; fix it"
         )
     bad = sorted(set(value) & ENV_MANGLED_CHARS)
     if bad:

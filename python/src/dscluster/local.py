@@ -34,7 +34,6 @@ RUN_FLAGS = [
     "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
     "--tmpfs", "/run",
     "--tmpfs", "/run/lock",
-    "--ulimit", "memlock=-1:-1",
 ]  # fmt: skip
 
 
@@ -125,7 +124,9 @@ def _install_bootstrap_key(container: str, pubkey: str) -> None:
     docker("exec", container, "sh", "-c", script, "sh", pubkey)
 
 
-def _wait_ssh(node: Node, key: pathlib.Path, known_hosts: pathlib.Path, timeout: float = 90) -> None:
+def _wait_ssh(
+    node: Node, key: pathlib.Path, known_hosts: pathlib.Path, timeout: float = 90
+) -> None:
     argv = [
         "ssh", "-i", str(key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
         "-o", f"UserKnownHostsFile={known_hosts}", "-o", "ConnectTimeout=5",
@@ -212,11 +213,14 @@ def up(
     )
     for node in result:
         _wait_ssh(node, key, known_hosts)
-    return _write_inventory(name, result, key, known_hosts, cpu_slots, sdir)
+    return _write_inventory(
+        name, nodes=result, key=key, known_hosts=known_hosts, cpu_slots=cpu_slots, sdir=sdir
+    )
 
 
 def _write_inventory(
     name: str,
+    *,
     nodes: list[Node],
     key: pathlib.Path,
     known_hosts: pathlib.Path,
@@ -245,6 +249,7 @@ def _write_inventory(
         }
     }
     header = (
+        "---\n"
         f"# Written by `dscluster local up --name {name} --nodes {len(nodes)}`: a local cluster\n"
         f"# of node containers on Docker network dsc-{name}. Host keys were read from each\n"
         f"# container over `docker exec` into {known_hosts}.\n"

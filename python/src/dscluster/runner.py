@@ -8,7 +8,6 @@ import pathlib
 import shutil
 import sys
 import tempfile
-from collections import defaultdict
 from typing import Any
 
 from rich.console import Console
@@ -57,12 +56,15 @@ class Progress:
         self.hosts = {h: HostSummary() for h in hosts}
         self.current: dict[str, str] = {}
         self.failures: list[tuple[str, str, str]] = []
+        self.stats: dict[str, Any] = {}
 
     def handle(self, event: dict[str, Any]) -> bool:
         kind = event.get("event", "")
         data = event.get("event_data", {}) or {}
         host = data.get("host") or ""
-        if kind == "playbook_on_play_start":
+        if kind == "playbook_on_stats":
+            self.stats = data
+        elif kind == "playbook_on_play_start":
             self.play = data.get("play", "")
         elif kind == "playbook_on_task_start":
             self.task = data.get("task", "")
@@ -130,7 +132,9 @@ def run_playbook(
     root = project_root()
     path = root / "playbooks" / playbook
     if not path.is_file():
-        raise DsclusterError(f"playbook {path} not found; is DSCLUSTER_HOME the dscluster checkout?")
+        raise DsclusterError(
+            f"playbook {path} not found; is DSCLUSTER_HOME the dscluster checkout?"
+        )
     console = console or Console(stderr=True)
     if live is None:
         live = console.is_terminal
@@ -191,7 +195,7 @@ def run_playbook(
         keep = os.environ.get("DSCLUSTER_KEEP_RUNS")
         if not keep:
             shutil.rmtree(private, ignore_errors=True)
-    stats = result.stats or {}
+    stats = progress.stats
     for field, attr in (
         ("ok", "ok"),
         ("changed", "changed"),

@@ -91,13 +91,17 @@ def run_smoke(
     return report, out
 
 
-def _failure_line(report: dict[str, Any], failures: list[tuple[str, str, str]], out: pathlib.Path) -> str:
+def _failure_line(
+    report: dict[str, Any], failures: list[tuple[str, str, str]], out: pathlib.Path
+) -> str:
     checks = report.get("checks", {})
     failed = [name for name, ok in checks.items() if not ok]
     ranks = report.get("ranks", [])
     if failed and ranks:
         bad = [r for r in ranks if not r.get("loss_decreased")]
-        where = f" (ranks {', '.join(str(r['rank']) + '@' + r['host'] for r in bad)})" if bad else ""
+        where = (
+            f" (ranks {', '.join(str(r['rank']) + '@' + r['host'] for r in bad)})" if bad else ""
+        )
         return f"smoke job ran but failed {', '.join(failed)}{where}; report: {out}"
     tail = " ".join(report.get("launcher_log_tail", [])[-3:])[-300:]
     if failures:
@@ -131,7 +135,7 @@ def rank_table(report: dict[str, Any]) -> Table:
 
 
 def bandwidth_table(report: dict[str, Any]) -> Table:
-    table = Table(title="all-reduce (busbw = algbw·2(n−1)/n)", title_justify="left")
+    table = Table(title="all-reduce (busbw = algbw*2(n-1)/n)", title_justify="left")
     for col in ("size MiB", "time ms", "algbw GB/s", "busbw GB/s"):
         table.add_column(col, justify="right")
     for row in report.get("allreduce", []):

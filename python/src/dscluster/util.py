@@ -6,6 +6,7 @@ import os
 import pathlib
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Sequence
 
@@ -61,8 +62,6 @@ def state_dir(cluster: str) -> pathlib.Path:
 
 def tool(name: str) -> str:
     """Path of a console script, preferring the one beside this interpreter (the venv)."""
-    import sys
-
     beside = pathlib.Path(sys.executable).parent / name
     if beside.exists():
         return str(beside)
@@ -73,7 +72,11 @@ def tool(name: str) -> str:
 
 
 def run(
-    argv: Sequence[str], *, check: bool = True, timeout: float | None = 120, input: str | None = None
+    argv: Sequence[str],
+    *,
+    check: bool = True,
+    timeout: float | None = 120,
+    input: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run a command, capturing output; a failure becomes a one-line DsclusterError."""
     try:

@@ -5,6 +5,7 @@ Recorded by the ml_stack role into /etc/ansible/facts.d/ml_stack.fact and compar
 nodes by the verify step and by `dscluster doctor`: any difference is skew.
 """
 
+import contextlib
 import hashlib
 import json
 import pathlib
@@ -22,9 +23,11 @@ def sha256(path: pathlib.Path) -> str:
 
 def main() -> int:
     wheelhouse = pathlib.Path(sys.argv[1])
-    import torch  # noqa: PLC0415 - imported after argument handling on purpose
-    import deepspeed  # noqa: PLC0415
-    from deepspeed.git_version_info import installed_ops  # noqa: PLC0415
+    # DeepSpeed logs to stdout while importing; keep stdout for the JSON alone.
+    with contextlib.redirect_stdout(sys.stderr):
+        import deepspeed  # noqa: PLC0415
+        import torch  # noqa: PLC0415
+        from deepspeed.git_version_info import installed_ops  # noqa: PLC0415
 
     lock = wheelhouse / "requirements.lock"
     manifest = {

@@ -33,7 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--allreduce-mb", default="1,8,32", help="all-reduce sizes in MiB, comma-separated"
     )
     parser.add_argument("--allreduce-iters", type=int, default=5)
-    parser.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
+    parser.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", "0")))
     return parser.parse_args(argv)
 
 
@@ -76,9 +76,7 @@ def param_checksum(torch, deepspeed, engine, zero: int) -> str:
     return digest.hexdigest()
 
 
-def allreduce_bench(
-    torch, dist, device, sync, sizes_mb: list[float], iters: int
-) -> list[dict]:
+def allreduce_bench(torch, dist, *, device, sync, sizes_mb: list[float], iters: int) -> list[dict]:
     world = dist.get_world_size()
     results = []
     for mb in sizes_mb:
@@ -117,7 +115,6 @@ def main(argv: list[str] | None = None) -> int:
     deepspeed.init_distributed(timeout=dt.timedelta(seconds=args.dist_timeout))
     dist = torch.distributed
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device(accel.device_name(args.local_rank))
     if accel.device_name() != "cpu":
         accel.set_device(args.local_rank)
 
@@ -155,10 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     bench = allreduce_bench(
         torch,
         dist,
-        engine.device,
-        accel.synchronize,
-        [float(s) for s in args.allreduce_mb.split(",") if s],
-        args.allreduce_iters,
+        device=engine.device,
+        sync=accel.synchronize,
+        sizes_mb=[float(s) for s in args.allreduce_mb.split(",") if s],
+        iters=args.allreduce_iters,
     )
     window = max(1, min(5, len(losses) // 4))
     mine = {

@@ -1,0 +1,133 @@
+"""End to end on real containers: local up -> provision -> hostfile -> DeepSpeed's own
+parsers on the head -> smoke job across every slot. Slow; needs a Docker engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.docker
+
+NAME = os.environ.get("DSCLUSTER_E2E_NAME", "e2e")
+NODES = 3
+
+
+def dsc(*args: str, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dscluster", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def docker(*args: str) -> str:
+    return subprocess.run(
+        ["docker", *args], capture_output=True, text=True, check=True, timeout=300
+    ).stdout
+
+
+@pytest.fixture(scope="module")
+def cluster() -> pathlib.Path:
+    dsc("local", "down", "--name", NAME)  # clear what an earlier run may have left
+    up = dsc("local", "up", "--name", NAME, "--nodes", str(NODES))
+    assert up.returncode == 0, up.stderr
+    inv = pathlib.Path(up.stdout.split("inventory ")[-1].strip()).parent
+    yield inv
+    down = dsc("local", "down", "--name", NAME)
+    assert down.returncode == 0, down.stderr
+    assert docker("ps", "-a", "-q", "--filter", f"label=dscluster.cluster={NAME}") == ""
+
+
+def container_ids() -> list[str]:
+    return sorted(
+        docker("ps", "-q", "--no-trunc", "--filter", f"label=dscluster.cluster={NAME}").split()
+    )
+
+
+def test_local_up_is_idempotent(cluster: pathlib.Path):
+    before_ids, before_inv = container_ids(), (cluster / "hosts.yml").read_text()
+    again = dsc("local", "up", "--name", NAME, "--nodes", str(NODES))
+    assert again.returncode == 0, again.stderr
+    assert container_ids() == before_ids
+    assert (cluster / "hosts.yml").read_text() == before_inv
+    data = yaml.safe_load(before_inv)["all"]
+    assert list(data["children"]["head"]["hosts"]) == [f"{NAME}-n1"]
+    assert list(data["children"]["workers"]["hosts"]) == [f"{NAME}-n{i}" for i in (2, 3)]
+    assert "StrictHostKeyChecking=yes" in data["vars"]["ansible_ssh_common_args"]
+
+
+def test_provision(cluster: pathlib.Path):
+    proc = dsc("provision", "-i", str(cluster))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"provisioned {NODES} hosts" in proc.stdout
+    for i in range(1, NODES + 1):
+        assert (cluster / "facts" / f"{NAME}-n{i}.json").is_file()
+
+
+def test_launch_files_accepted_by_deepspeed(cluster: pathlib.Path):
+    proc = dsc("hostfile", "-i", str(cluster))
+    assert proc.returncode == 0, proc.stderr
+    hostfile = (cluster / "hostfile").read_text()
+    env_text = (cluster / ".deepspeed_env").read_text()
+    assert hostfile.splitlines()[0].startswith(f"{NAME}-n1 ")
+    head = f"dsc-{NAME}-n1"
+    docker("exec", head, "mkdir", "-p", "/tmp/dscheck")
+    for name in ("hostfile", ".deepspeed_env"):
+        docker("cp", str(cluster / name), f"{head}:/tmp/dscheck/{name}")
+    # DeepSpeed's own code paths: the launcher's hostfile parser, and the PDSH runner's
+    # export handling of .deepspeed_env lines (split on '=', then add_export).
+    check = r"""
+import json, types
+from deepspeed.launcher.runner import fetch_hostfile
+from deepspeed.launcher.multinode_runner import PDSHRunner
+pool = fetch_hostfile('/tmp/dscheck/hostfile')
+args = types.SimpleNamespace(user_args=[], user_script='x.py', launcher_args='', ssh_port=None)
+runner = PDSHRunner(args, 'e30=')
+raw = {}
+for line in open('/tmp/dscheck/.deepspeed_env').readlines():
+    key, val = line.split('=', maxsplit=1)
+    runner.add_export(key, val)
+    raw[key.strip()] = val.strip()
+print(json.dumps({'pool': dict(pool), 'exports': runner.exports, 'raw': raw}))
+"""
+    out = json.loads(docker("exec", head, "/opt/dscluster/venv/bin/python", "-c", check))
+    assert out["pool"] == {f"{NAME}-n{i}": 1 for i in range(1, NODES + 1)}
+    assert out["exports"] == out["raw"]  # nothing quoted or changed by DeepSpeed
+    assert out["exports"]["PATH"].startswith("/opt/dscluster/venv/bin:")
+    assert "GLOO_SOCKET_IFNAME" in out["exports"]
+    assert len(env_text.splitlines()) == len(out["raw"])
+
+
+def test_smoke_zero2_across_every_slot(cluster: pathlib.Path):
+    started = time.monotonic()
+    proc = dsc("smoke", "-i", str(cluster), "--zero", "2", "--json", timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((cluster / "reports" / "smoke-latest.json").read_text())
+    assert report["ok"] is True
+    assert report["world_size"] == NODES
+    assert report["backend"] == "gloo"
+    assert {r["host"] for r in report["ranks"]} == {f"{NAME}-n{i}" for i in range(1, NODES + 1)}
+    assert all(r["last_loss"] < r["first_loss"] for r in report["ranks"])
+    assert len({r["checksum"] for r in report["ranks"]}) == 1
+    # Ops are pre-built: the first step comes well within 60 s of launch on every rank.
+    assert all(r["first_step_s"] is not None and r["first_step_s"] < 60 for r in report["ranks"])
+    assert {"cpu_adam", "deepspeed_shm_comm"} <= set(report["installed_ops"])
+    assert [row["bytes"] for row in report["allreduce"]] == [1 << 20, 8 << 20, 32 << 20]
+    for row in report["allreduce"]:
+        assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 2 * (NODES - 1) / NODES)
+    assert time.monotonic() - started < 900
+
+
+def test_smoke_zero3(cluster: pathlib.Path):
+    proc = dsc("smoke", "-i", str(cluster), "--zero", "3", "--steps", "10", timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "smoke test passed: 3 ranks" in proc.stdout

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# make bench: timings that matter to users, written to ~/.cache/dscluster/bench/<time>.json
+# and printed as a table.
+#   1. make demo cold (BENCH_COLD=1: node images and wheelhouse removed first) and warm
+#   2. re-converge of site.yml on the provisioned cluster (and its changed count)
+#   3. time from launch to the first training step: ops pre-built (the cluster venv) vs
+#      JIT-compiled at launch (a throwaway venv on the head with a DeepSpeed built without ops)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=.venv/bin
+CACHE="${DSCLUSTER_CACHE:-$HOME/.cache/dscluster}"
+OUT="$CACHE/bench"
+mkdir -p "$OUT"
+stamp=$(date -u +%Y%m%dT%H%M%SZ)
+declare -A R
+
+now() { date +%s.%N; }
+elapsed() { python3 -c "print(round($2 - $1, 1))"; }
+
+if [ "${BENCH_COLD:-0}" = "1" ]; then
+  echo "== cold: removing the local cluster, node images and the wheelhouse"
+  $BIN/dscluster local down --name local >/dev/null 2>&1 || true
+  docker images --format '{{.Repository}}:{{.Tag}}' | grep '^dscluster/node:' | xargs -r docker rmi -f >/dev/null
+  rm -rf "$CACHE/wheelhouse"
+  t0=$(now); make demo >"$OUT/$stamp-demo-cold.log" 2>&1; R[demo_cold_s]=$(elapsed "$t0" "$(now)")
+fi
+
+echo "== make demo (warm)"
+t0=$(now); make demo >"$OUT/$stamp-demo-warm.log" 2>&1; R[demo_warm_s]=$(elapsed "$t0" "$(now)")
+
+echo "== re-converge site.yml"
+t0=$(now)
+$BIN/dscluster provision -i inventories/local >"$OUT/$stamp-reconverge.log" 2>&1
+R[reconverge_s]=$(elapsed "$t0" "$(now)")
+R[reconverge_changed]=$(grep -oE 'provisioned [0-9]+ hosts, [0-9]+ changes' "$OUT/$stamp-reconverge.log" | grep -oE '[0-9]+ changes' | grep -oE '[0-9]+')
+
+echo "== first-step latency: pre-built ops vs JIT at launch (1 rank on the head)"
+head=dsc-local-n1
+job=python/src/dscluster/jobs/smoke_job.py
+docker cp "$job" "$head:/tmp/bench_job.py"
+sdist=$(ls "$CACHE"/wheelhouse/*/src/deepspeed-*.tar.gz | head -1)
+docker cp "$sdist" "$head:/tmp/"
+docker exec "$head" bash -euc '
+  rm -rf /opt/bench-jit /tmp/bench-ext && python3 -m venv /opt/bench-jit
+  grep -v "^deepspeed==" /opt/dscluster/wheelhouse/requirements.lock | grep -v "^#" > /tmp/bench-req.txt
+  /opt/bench-jit/bin/pip install -q --no-index --find-links /opt/dscluster/wheelhouse --require-hashes -r /tmp/bench-req.txt
+  DS_BUILD_OPS=0 /opt/bench-jit/bin/pip install -q --no-index --no-build-isolation --no-deps /tmp/deepspeed-*.tar.gz'
+run_one() {  # venv, label
+  docker exec -e MASTER_ADDR=127.0.0.1 -e MASTER_PORT=29610 -e RANK=0 -e WORLD_SIZE=1 -e LOCAL_RANK=0 \
+    -e TORCH_EXTENSIONS_DIR=/tmp/bench-ext -e PATH="$1/bin:/usr/bin:/bin" "$head" \
+    bash -c "cd /tmp && $1/bin/python bench_job.py --zero 2 --steps 5 --report /tmp/bench-$2.json --allreduce-mb 1 --launch-time \$(date +%s.%N)" \
+    >"$OUT/$stamp-latency-$2.log" 2>&1
+  docker exec "$head" python3 -c "import json; print(round(json.load(open('/tmp/bench-$2.json'))['ranks'][0]['first_step_s'], 1))"
+}
+R[first_step_prebuilt_s]=$(run_one /opt/dscluster/venv prebuilt)
+R[first_step_jit_s]=$(run_one /opt/bench-jit jit)
+docker exec "$head" rm -rf /opt/bench-jit /tmp/bench-ext
+
+{
+  echo "{"
+  echo "  \"time\": \"$stamp\", \"cpus\": $(nproc), \"host\": \"$(hostname)\","
+  first=1
+  for k in "${!R[@]}"; do
+    [ $first = 1 ] || echo ","
+    printf '  "%s": %s' "$k" "${R[$k]}"
+    first=0
+  done
+  echo; echo "}"
+} >"$OUT/$stamp.json"
+echo
+printf '%-24s %s\n' metric value
+for k in $(printf '%s\n' "${!R[@]}" | sort); do printf '%-24s %s\n' "$k" "${R[$k]}"; done
+echo "written: $OUT/$stamp.json (logs beside it)"
