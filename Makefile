@@ -74,7 +74,9 @@ e2e: images ## End-to-end test: local cluster, provision, hostfile, smoke, DeepS
 
 .PHONY: molecule
 molecule: images ## molecule test -s cluster (head + 2 workers, converge = site.yml)
-	DSCLUSTER_NODE_IMAGE=$$($(DSC) image) $(BIN)/molecule test -s cluster
+	@docker volume rm -f dsc-mol-shared >/dev/null 2>&1 || true  # a volume left by an earlier run
+	DSCLUSTER_NODE_IMAGE=$$($(DSC) image) $(BIN)/molecule test -s cluster; \
+	  rc=$$?; docker volume rm -f dsc-mol-shared >/dev/null 2>&1; exit $$rc
 
 .PHONY: test
 test: lint unit molecule e2e ## Everything: lint, unit, molecule cluster scenario, end-to-end

@@ -99,7 +99,9 @@ for line in open('/tmp/dscheck/.deepspeed_env').readlines():
     raw[key.strip()] = val.strip()
 print(json.dumps({'pool': dict(pool), 'exports': runner.exports, 'raw': raw}))
 """
-    out = json.loads(docker("exec", head, "/opt/dscluster/venv/bin/python", "-c", check))
+    # DeepSpeed logs to stdout while importing: the JSON is the last line.
+    printed = docker("exec", head, "/opt/dscluster/venv/bin/python", "-c", check)
+    out = json.loads(printed.strip().splitlines()[-1])
     assert out["pool"] == {f"{NAME}-n{i}": 1 for i in range(1, NODES + 1)}
     assert out["exports"] == out["raw"]  # nothing quoted or changed by DeepSpeed
     assert out["exports"]["PATH"].startswith("/opt/dscluster/venv/bin:")
