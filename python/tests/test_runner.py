@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import pytest
+
+from dscluster.errors import DsclusterError
+from dscluster.runner import HostSummary, PlaybookResult, Progress, raise_for_failures
+
+
+def ev(kind: str, **data) -> dict:
+    return {"event": kind, "event_data": data}
+
+
+def test_progress_counts_and_failures():
+    p = Progress("site.yml", ["a", "b"])
+    p.handle(ev("playbook_on_play_start", play="Base"))
+    p.handle(ev("playbook_on_task_start", task="Install packages"))
+    p.handle(ev("runner_on_ok", host="a", task="Install packages", res={"changed": True}))
+    p.handle(ev("runner_on_ok", host="b", task="Install packages", res={"changed": False}))
+    p.handle(ev("runner_on_failed", host="b", task="Check /dev/shm", res={"msg": "too\nsmall"}))
+    p.handle(ev("runner_on_failed", host="a", task="Probe", res={"msg": "x"}, ignore_errors=True))
+    p.handle(ev("runner_on_unreachable", host="a", task="Gather", res={"msg": "ssh: no route"}))
+    assert p.play == "Base" and p.tasks_done == 1
+    assert (p.hosts["a"].ok, p.hosts["a"].changed, p.hosts["a"].unreachable) == (1, 1, 1)
+    assert (p.hosts["b"].ok, p.hosts["b"].changed, p.hosts["b"].failed) == (1, 0, 1)
+    assert p.failures == [("b", "Check /dev/shm", "too small"), ("a", "Gather", "ssh: no route")]
+    assert p.handle(ev("playbook_on_stats", ok={"a": 3})) is False
+    assert p.stats == {"ok": {"a": 3}}
+    assert "Base" in str(p.render().title)
+
+
+def test_raise_for_failures_names_hosts_and_task():
+    result = PlaybookResult(
+        status="failed",
+        rc=2,
+        hosts={"a": HostSummary(ok=3), "b": HostSummary(failed=1), "c": HostSummary(unreachable=1)},
+        failures=[("b", "Check /dev/shm", "64 MB < 512 MB"), ("c", "Gather", "no route")],
+    )
+    assert result.failed_hosts == ["b", "c"]
+    with pytest.raises(DsclusterError) as info:
+        raise_for_failures(result, "provisioning")
+    msg = str(info.value)
+    assert msg.startswith("provisioning failed on b, c: task 'Check /dev/shm' on b")
+    assert "(+1 more)" in msg
+
+
+def test_raise_for_failures_quiet_on_success():
+    ok = PlaybookResult(status="successful", rc=0, hosts={"a": HostSummary(ok=1)}, failures=[])
+    raise_for_failures(ok, "provisioning")
