@@ -133,3 +133,21 @@ def test_smoke_zero3(cluster: pathlib.Path):
     proc = dsc("smoke", "-i", str(cluster), "--zero", "3", "--steps", "10", timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "smoke test passed: 3 ranks" in proc.stdout
+
+
+def test_smoke_with_a_stopped_worker_ends_bounded_and_names_it(cluster: pathlib.Path):
+    lost = f"{NAME}-n{NODES}"
+    docker("stop", f"dsc-{NAME}-n{NODES}")
+    try:
+        started = time.monotonic()
+        proc = dsc("smoke", "-i", str(cluster), "--timeout", "90", timeout=600)
+        took = time.monotonic() - started
+    finally:
+        docker("start", f"dsc-{NAME}-n{NODES}")
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("dscluster: error: smoke job failed, lost node(s) " + lost)
+    assert took < 300, f"smoke took {took:.0f} s with a node down"
+    report = json.loads((cluster / "reports" / "smoke-latest.json").read_text())
+    assert report["ok"] is False
+    assert list(report["lost_nodes"]) == [lost]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import pathlib
+import re
 import shutil
 import tempfile
 from importlib import resources
@@ -18,6 +19,27 @@ from .hostfile import write_launch_files
 from .inventory import Inventory
 from .runner import run_playbook
 from .util import atomic_write, cache_dir
+
+# pdsh reports a node it could not reach or whose remote command died:
+#   "pdsh@head: node3: ssh exited with exit code 255"
+PDSH_EXIT_RE = re.compile(r"^pdsh@\S+: (?P<host>[^:\s]+): ssh exited with exit code (?P<code>\d+)")
+# ... and prefixes every remote line with "node: "; DeepSpeed's per-node launcher says
+#   "node2: [...] [ERROR] [launch.py:...] ... exits with return code = -9"
+RANK_EXIT_RE = re.compile(r"^(?P<host>[^:\s]+): .*exits with return code = (?P<code>-?\d+)")
+SSH_ERROR_RE = re.compile(r"^(?P<host>[^:\s]+): ssh: (?P<msg>.+)$")
+
+
+def lost_nodes(log_lines: list[str]) -> dict[str, str]:
+    """Nodes the launcher log shows lost (unreachable, or a rank that died), with why."""
+    lost: dict[str, str] = {}
+    for line in log_lines:
+        if m := SSH_ERROR_RE.match(line):
+            lost[m["host"]] = f"ssh: {m['msg']}"
+        elif m := RANK_EXIT_RE.match(line):
+            lost.setdefault(m["host"], f"a rank exited with code {m['code']}")
+        elif m := PDSH_EXIT_RE.match(line):
+            lost.setdefault(m["host"], f"remote command exited with code {m['code']}")
+    return lost
 
 
 def job_source() -> pathlib.Path:
@@ -78,7 +100,9 @@ def run_smoke(
         report["expected_world_size"] = files.world_size
         report["launcher_rc"] = result.rc
         if log_file.is_file():
-            report["launcher_log_tail"] = log_file.read_text().splitlines()[-40:]
+            log_lines = log_file.read_text().splitlines()
+            report["launcher_log_tail"] = log_lines[-40:]
+            report["lost_nodes"] = lost_nodes(log_lines)
         out = inv.directory / "reports" / f"{run_id}.json"
         atomic_write(out, json.dumps(report, indent=2, sort_keys=True) + "\n")
         atomic_write(inv.directory / "reports" / "smoke-latest.json", out.read_text())
@@ -103,6 +127,10 @@ def _failure_line(
             f" (ranks {', '.join(str(r['rank']) + '@' + r['host'] for r in bad)})" if bad else ""
         )
         return f"smoke job ran but failed {', '.join(failed)}{where}; report: {out}"
+    lost = report.get("lost_nodes") or {}
+    if lost:
+        who = "; ".join(f"{host}: {why}" for host, why in lost.items())
+        return f"smoke job failed, lost node(s) {', '.join(lost)} ({who}); report: {out}"
     tail = " ".join(report.get("launcher_log_tail", [])[-3:])[-300:]
     if failures:
         host, task, msg = failures[0]
