@@ -11,8 +11,10 @@ def test_lost_nodes_from_launcher_log():
         "'-u', 'smoke_job.py'] exits with return code = -9",
         "n1: [INFO] all good",
     ]
-    assert lost_nodes(log) == {
-        "n3": "ssh: connect to host n3 port 22: No route to host",
-        "n2": "a rank exited with code -9",
+    # n3 was unreachable: n2's rank failing afterwards is a consequence, not a cause.
+    assert lost_nodes(log) == {"n3": "ssh: connect to host n3 port 22: No route to host"}
+    assert lost_nodes(log[2:]) == {"n2": "a rank exited with code -9"}
+    assert lost_nodes(["pdsh@n1: n4: ssh exited with exit code 1"]) == {
+        "n4": "remote command exited with code 1"
     }
     assert lost_nodes(["n1: training step 3"]) == {}

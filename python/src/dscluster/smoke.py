@@ -30,16 +30,24 @@ SSH_ERROR_RE = re.compile(r"^(?P<host>[^:\s]+): ssh: (?P<msg>.+)$")
 
 
 def lost_nodes(log_lines: list[str]) -> dict[str, str]:
-    """Nodes the launcher log shows lost (unreachable, or a rank that died), with why."""
-    lost: dict[str, str] = {}
+    """Nodes the launcher log shows lost, with why, in the order the log shows them.
+
+    Nodes pdsh could not reach (ssh failures, pdsh's exit 255) are the cause when present;
+    ranks elsewhere that then fail at rendezvous or in a collective are not blamed. Otherwise
+    the nodes whose ranks exited non-zero, the first one first.
+    """
+    unreachable: dict[str, str] = {}
+    ranks: dict[str, str] = {}
     for line in log_lines:
         if m := SSH_ERROR_RE.match(line):
-            lost[m["host"]] = f"ssh: {m['msg']}"
+            unreachable[m["host"]] = f"ssh: {m['msg']}"
+        elif (m := PDSH_EXIT_RE.match(line)) and m["code"] == "255":
+            unreachable.setdefault(m["host"], "ssh exited with code 255")
         elif m := RANK_EXIT_RE.match(line):
-            lost.setdefault(m["host"], f"a rank exited with code {m['code']}")
+            ranks.setdefault(m["host"], f"a rank exited with code {m['code']}")
         elif m := PDSH_EXIT_RE.match(line):
-            lost.setdefault(m["host"], f"remote command exited with code {m['code']}")
-    return lost
+            ranks.setdefault(m["host"], f"remote command exited with code {m['code']}")
+    return unreachable or ranks
 
 
 def job_source() -> pathlib.Path:
