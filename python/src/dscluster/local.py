@@ -138,8 +138,7 @@ def _wait_ssh(
         proc = run(argv, check=False, timeout=30)
         if proc.returncode == 0:
             return
-        last = proc.stderr.strip().splitlines()[-1:] or [""]
-        last = last[0]
+        last = (proc.stderr.strip().splitlines() or [""])[-1]
         time.sleep(1)
     raise DsclusterError(f"cannot ssh to {node.name} ({node.address}): {last}")
 

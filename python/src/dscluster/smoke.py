@@ -103,6 +103,8 @@ def run_smoke(
             report = json.loads(report_file.read_text())
         else:
             report = {"ok": False, "checks": {"report_written": False}, "ranks": []}
+        if report.get("world_size") not in (None, files.world_size):
+            report["ok"] = False  # fewer ranks joined than the hostfile has slots
         report["run_id"] = run_id
         report["hostfile"] = files.hostfile.read_text().splitlines()
         report["expected_world_size"] = files.world_size
@@ -116,8 +118,6 @@ def run_smoke(
         atomic_write(inv.directory / "reports" / "smoke-latest.json", out.read_text())
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-    if report.get("world_size") not in (None, files.world_size):
-        report["ok"] = False
     if not report.get("ok") or result.rc != 0:
         raise DsclusterError(_failure_line(report, result.failures, out))
     return report, out
