@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pathlib
@@ -84,7 +85,7 @@ class Progress:
             elif kind == "runner_on_skipped":
                 summary.skipped += 1
             self.current[host] = data.get("task", "")
-        return False  # keep no event files: progress is all we need
+        return False
 
     def render(self) -> Table:
         table = Table(title=f"{self.playbook} — play: {self.play}", title_justify="left")
@@ -150,6 +151,16 @@ def run_playbook(
         "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
         "ANSIBLE_FORCE_COLOR": "0",
     }
+    view: Live | None = None
+
+    def on_event(event: dict[str, Any]) -> bool:
+        progress.handle(event)
+        if view is not None:
+            view.update(progress.render())
+        elif event.get("event") == "playbook_on_task_start":
+            console.print(f"[{progress.play}] {progress.task}", highlight=False, markup=False)
+        return False  # keep no event files: progress is all we need
+
     kwargs: dict[str, Any] = {
         "private_data_dir": str(private),
         "project_dir": str(root / "playbooks"),
@@ -159,7 +170,7 @@ def run_playbook(
         "envvars": envvars,
         "forks": max(5, min(64, len(hosts))),
         "quiet": True,
-        "event_handler": progress.handle,
+        "event_handler": on_event,
         "timeout": timeout,
     }
     if limit:
@@ -167,33 +178,15 @@ def run_playbook(
     if tags:
         kwargs["tags"] = tags
     try:
-        if live:
-            with Live(progress.render(), console=console, refresh_per_second=4) as view:
-
-                def handler(event: dict[str, Any]) -> bool:
-                    progress.handle(event)
-                    view.update(progress.render())
-                    return False
-
-                kwargs["event_handler"] = handler
-                result = ansible_runner.run(**kwargs)
-        else:
-            last = [""]
-
-            def plain(event: dict[str, Any]) -> bool:
-                progress.handle(event)
-                line = f"[{progress.play}] {progress.task}"
-                if line != last[0] and event.get("event") == "playbook_on_task_start":
-                    console.print(line, highlight=False)
-                    last[0] = line
-                return False
-
-            kwargs["event_handler"] = plain
+        with (
+            Live(progress.render(), console=console, refresh_per_second=4)
+            if live
+            else (contextlib.nullcontext()) as view
+        ):
             result = ansible_runner.run(**kwargs)
         stdout = result.stdout.read() if result.stdout else ""
     finally:
-        keep = os.environ.get("DSCLUSTER_KEEP_RUNS")
-        if not keep:
+        if not os.environ.get("DSCLUSTER_KEEP_RUNS"):
             shutil.rmtree(private, ignore_errors=True)
     stats = progress.stats
     for field, attr in (
