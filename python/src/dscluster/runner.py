@@ -178,11 +178,12 @@ def run_playbook(
     if tags:
         kwargs["tags"] = tags
     try:
-        with (
+        display = (
             Live(progress.render(), console=console, refresh_per_second=4)
             if live
-            else (contextlib.nullcontext()) as view
-        ):
+            else contextlib.nullcontext()
+        )
+        with display as view:
             result = ansible_runner.run(**kwargs)
         stdout = result.stdout.read() if result.stdout else ""
     finally:
