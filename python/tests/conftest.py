@@ -45,9 +45,13 @@ def write_facts(
         "address": "10.0.0.1",
         "interface": "eth0",
         "accelerators": {"kind": kind, "count": count, "cpus": 8},
-        "versions": {"torch": "2.13.0+cpu", "deepspeed": "0.19.8"},
+        "versions": {
+            "torch": "2.13.0+cpu",
+            "deepspeed": "0.19.8",
+            "venv": "/opt/dscluster/venv",
+            "torch_extensions_dir": "/opt/dscluster/torch_extensions",
+        },
         "cpu_slots": 2,
-        "venv": "/opt/dscluster/venv",
     }
     data.update(over)
     (facts / f"{host}.json").write_text(json.dumps(data))

@@ -67,21 +67,21 @@ def test_render_env_rejects_values_deepspeed_would_mangle(key, value, needle):
 
 def test_derive_env_cpu_pins_interfaces_and_threads(inventory_dir):
     facts = [
-        hostfile.NodeFacts("a", "cpu", 0, 2, "eth0", "10.0.0.1", "/opt/v", 8, {}),
-        hostfile.NodeFacts("b", "cpu", 0, 4, "eth0", "10.0.0.2", "/opt/v", 8, {}),
+        hostfile.NodeFacts("a", "cpu", 0, 2, "eth0", "10.0.0.1", "/opt/v", "/opt/ext", 8, {}),
+        hostfile.NodeFacts("b", "cpu", 0, 4, "eth0", "10.0.0.2", "/opt/v", "/opt/ext", 8, {}),
     ]
     env = hostfile.derive_env(facts)
     assert env["PATH"].startswith("/opt/v/bin:")
     assert env["GLOO_SOCKET_IFNAME"] == "eth0"
     assert env["NCCL_SOCKET_IFNAME"] == "eth0"
     assert env["OMP_NUM_THREADS"] == "2"  # 8 cpus / 4 slots on the busiest node
-    assert env["TORCH_EXTENSIONS_DIR"] == "/opt/torch_extensions"
+    assert env["TORCH_EXTENSIONS_DIR"] == "/opt/ext"  # as recorded, not derived
 
 
 def test_derive_env_no_interface_pin_when_names_differ():
     facts = [
-        hostfile.NodeFacts("a", "cuda", 4, 1, "eth0", "", "/opt/v", 8, {}),
-        hostfile.NodeFacts("b", "cuda", 4, 1, "ens5", "", "/opt/v", 8, {}),
+        hostfile.NodeFacts("a", "cuda", 4, 1, "eth0", "", "/opt/v", "/opt/ext", 8, {}),
+        hostfile.NodeFacts("b", "cuda", 4, 1, "ens5", "", "/opt/v", "/opt/ext", 8, {}),
     ]
     env = hostfile.derive_env(facts)
     assert "NCCL_SOCKET_IFNAME" not in env
@@ -90,10 +90,10 @@ def test_derive_env_no_interface_pin_when_names_differ():
 
 def test_derive_env_refuses_different_venvs():
     facts = [
-        hostfile.NodeFacts("a", "cpu", 0, 1, "eth0", "", "/opt/v", 2, {}),
-        hostfile.NodeFacts("b", "cpu", 0, 1, "eth0", "", "/opt/w", 2, {}),
+        hostfile.NodeFacts("a", "cpu", 0, 1, "eth0", "", "/opt/v", "/opt/ext", 2, {}),
+        hostfile.NodeFacts("b", "cpu", 0, 1, "eth0", "", "/opt/w", "/opt/ext", 2, {}),
     ]
-    with pytest.raises(DsclusterError, match="different venv paths"):
+    with pytest.raises(DsclusterError, match=r"different venv paths.*ml_stack_venv"):
         hostfile.derive_env(facts)
 
 

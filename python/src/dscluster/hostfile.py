@@ -40,6 +40,7 @@ class NodeFacts:
     interface: str
     address: str
     venv: str
+    torch_extensions_dir: str
     cpus: int
     versions: Mapping[str, Any]
 
@@ -58,7 +59,8 @@ class NodeFacts:
                 cpu_slots=int(data.get("cpu_slots", 1)),
                 interface=str(data.get("interface", "")),
                 address=str(data.get("address", "")),
-                venv=str(data["venv"]),
+                venv=str(data["versions"]["venv"]),
+                torch_extensions_dir=str(data["versions"]["torch_extensions_dir"]),
                 cpus=int(acc.get("cpus", 1)),
                 versions=dict(data.get("versions", {})),
             )
@@ -147,18 +149,25 @@ def render_env(env: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _one_path(facts: list[NodeFacts], field: str, variable: str) -> str:
+    """A path every node recorded alike; the pdsh launcher exports one value to all."""
+    paths = {getattr(f, field) for f in facts}
+    if len(paths) != 1:
+        raise DsclusterError(
+            f"nodes record different {field} paths ({', '.join(sorted(paths))}); the pdsh "
+            f"launcher needs one path on every node: set {variable} once for the whole inventory"
+        )
+    return paths.pop()
+
+
 def derive_env(facts: list[NodeFacts], extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The launcher environment every rank gets, from the recorded facts."""
-    venvs = {f.venv for f in facts}
-    if len(venvs) != 1:
-        raise DsclusterError(
-            f"nodes record different venv paths ({', '.join(sorted(venvs))}); the pdsh launcher "
-            "needs one path on every node: set dscluster_venv once for the whole inventory"
-        )
-    venv = venvs.pop()
+    venv = _one_path(facts, "venv", "ml_stack_venv")
     env = {
         "PATH": f"{venv}/bin:{SYSTEM_PATH}",
-        "TORCH_EXTENSIONS_DIR": str(pathlib.PurePosixPath(venv).parent / "torch_extensions"),
+        "TORCH_EXTENSIONS_DIR": _one_path(
+            facts, "torch_extensions_dir", "ml_stack_torch_extensions_dir"
+        ),
         "PYTHONUNBUFFERED": "1",
     }
     ifaces = {f.interface for f in facts}

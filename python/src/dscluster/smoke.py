@@ -88,6 +88,7 @@ def run_smoke(
                 "smoke_stage_dir": str(stage),
                 "smoke_fetch_dir": str(fetch),
                 "smoke_run_id": run_id,
+                "smoke_venv": files.facts[0].venv,  # the head's, as recorded
                 "smoke_zero": zero,
                 "smoke_steps": steps,
                 "smoke_timeout": timeout,
