@@ -14,6 +14,9 @@ export DSCLUSTER_CACHE ?= $(HOME)/.cache/dscluster
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
+# Python that roles ship to nodes (detectors, recorders): linted like python/.
+ROLE_PY = $(wildcard roles/*/files/*.py roles/*/files/*.fact)
+
 # An inventory name (local, or a directory under inventories/) or a path.
 INV_PATH = $(if $(wildcard $(INV)/hosts.yml)$(wildcard $(INV)),$(INV),inventories/$(INV))
 
@@ -60,6 +63,8 @@ down: venv ## Remove the local cluster (containers, network, volume, inventory, 
 lint: venv ## ruff, yamllint, ansible-lint (production), argument_specs vs defaults
 	$(BIN)/ruff check python
 	$(BIN)/ruff format --check python
+	$(BIN)/ruff check --config python/pyproject.toml $(ROLE_PY)
+	$(BIN)/ruff format --config python/pyproject.toml --check $(ROLE_PY)
 	$(BIN)/yamllint -s .
 	$(BIN)/ansible-lint
 	$(BIN)/python scripts/check_argument_specs.py
@@ -77,6 +82,11 @@ molecule: images ## molecule test -s cluster (head + 2 workers, converge = site.
 	@docker volume rm -f dsc-mol-shared >/dev/null 2>&1 || true  # a volume left by an earlier run
 	DSCLUSTER_NODE_IMAGE=$$($(DSC) image) $(BIN)/molecule test -s cluster; \
 	  rc=$$?; docker volume rm -f dsc-mol-shared >/dev/null 2>&1; exit $$rc
+
+.PHONY: training-image
+training-image: venv engine ## Multi-node training image from a wheelhouse (VARIANT=cpu|cuda|gaudi WHEELHOUSE=dir)
+	@test -n "$(WHEELHOUSE)" || { echo "set WHEELHOUSE=~/.cache/dscluster/wheelhouse/<key> (made by 'make provision')"; exit 1; }
+	bash docker/training/build.sh $(or $(VARIANT),cpu) $(WHEELHOUSE)
 
 .PHONY: test
 test: lint unit molecule e2e ## Everything: lint, unit, molecule cluster scenario, end-to-end

@@ -10,6 +10,9 @@ import hashlib
 import json
 import pathlib
 import platform
+import re
+import shutil
+import subprocess
 import sys
 
 
@@ -19,6 +22,67 @@ def sha256(path: pathlib.Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def command_output(argv: list[str]) -> str:
+    """stdout of a command, or "" when it is missing or fails (a CPU node has no nvidia-smi)."""
+    exe = shutil.which(argv[0]) or (argv[0] if pathlib.Path(argv[0]).is_file() else None)
+    if exe is None:
+        return ""
+    try:
+        out = subprocess.run(
+            [exe, *argv[1:]], check=False, capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def nvidia_driver() -> str:
+    """The loaded kernel driver's version, else the installed user-space one (containers)."""
+    text = ""
+    with contextlib.suppress(OSError):
+        text = pathlib.Path("/proc/driver/nvidia/version").read_text()
+    match = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9.]+)", text)
+    if match:
+        return match.group(1)
+    out = command_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    return out.splitlines()[0].strip() if out else ""
+
+
+def package_version(name: str) -> str:
+    return command_output(["dpkg-query", "-W", "-f=${Version}", name])
+
+
+def libfabric() -> str:
+    for fi_info in ("/opt/amazon/efa/bin/fi_info", "fi_info"):
+        out = command_output([fi_info, "--version"])
+        match = re.search(r"libfabric:\s*(\S+)", out)
+        if match:
+            return match.group(1)
+    return ""
+
+
+def nccl_version(torch) -> str:
+    """NCCL torch was built with (torch.cuda.nccl.version needs no GPU); "" on CPU builds."""
+    if not torch.version.cuda:
+        return ""
+    try:
+        version = torch.cuda.nccl.version()
+    except (RuntimeError, AttributeError):
+        return ""
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
+def accelerator(torch) -> str:
+    """The device type torch was built for: cuda, hpu (Habana's plugin) or cpu."""
+    if torch.version.cuda:
+        return "cuda"
+    with contextlib.suppress(ImportError):
+        import habana_frameworks.torch  # noqa: F401, PLC0415
+
+        return "hpu"
+    return "cpu"
 
 
 def main() -> int:
@@ -35,8 +99,12 @@ def main() -> int:
         "torch": torch.__version__,
         "deepspeed": deepspeed.__version__,
         "installed_ops": sorted(name for name, built in installed_ops.items() if built),
+        "accelerator": accelerator(torch),
         "cuda": torch.version.cuda or "",
-        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else "",
+        "nccl": nccl_version(torch),
+        "nvidia_driver": nvidia_driver(),
+        "synapseai": package_version("habanalabs-graph"),
+        "libfabric": libfabric(),
         "lock_sha256": sha256(lock) if lock.exists() else "",
         "wheels": {p.name: sha256(p) for p in sorted(wheelhouse.glob("*.whl"))},
     }

@@ -1,0 +1,118 @@
+"""ml_stack per accelerator: the role's own preflight and selection logic, run by Ansible on
+the controller with the accelerator facts a CPU, GPU or Gaudi build host would record
+(extra vars stand in for /etc/ansible/facts.d). No download, no build."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PLAYBOOK = ROOT / "python" / "tests" / "playbooks" / "ml_stack_select.yml"
+ANSIBLE = pathlib.Path(sys.executable).parent / "ansible-playbook"
+
+
+def select(extra: dict) -> tuple[int, dict | None, str]:
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+        ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
+        ANSIBLE_CACHE_PLUGIN="memory",
+        ANSIBLE_STDOUT_CALLBACK="default",
+        ANSIBLE_NOCOLOR="1",
+    )
+    extra = {
+        "ansible_python_interpreter": sys.executable,
+        "ml_stack_build_host": "localhost",
+    } | extra
+    proc = subprocess.run(
+        [str(ANSIBLE), "-i", "localhost,", "-c", "local", str(PLAYBOOK), "-e", json.dumps(extra)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    out = proc.stdout + proc.stderr
+    for line in out.splitlines():
+        if "SELECTION " in line:
+            payload = line.split("SELECTION ", 1)[1].rstrip('"').replace('\\"', '"')
+            return proc.returncode, json.loads(payload), out
+    return proc.returncode, None, out
+
+
+def facts(**local) -> dict:
+    return {"ansible_local": local}
+
+
+def test_cpu_build_host_gets_cpu_torch_and_cpu_ops():
+    rc, sel, out = select(facts(accelerators={"kind": "cpu", "count": 0}))
+    assert rc == 0, out
+    assert sel["variant"] == "cpu" and sel["torch"] == "torch==2.13.0+cpu"
+    assert sel["ops"] == ["async_io", "cpu_adam", "deepspeed_shm_comm", "fused_adam"]
+    assert sel["source_args"] == [] and sel["build_env"] == {}
+    assert sel["key"].startswith("cpu-torch2.13.0-ds0.19.8-cp")
+
+
+@pytest.mark.parametrize(("cuda", "variant"), [("12.8.1", "cu128"), ("12.6", "cu126")])
+def test_gpu_build_host_gets_the_torch_of_its_cuda(cuda, variant):
+    rc, sel, out = select(
+        facts(accelerators={"kind": "cuda", "count": 4}, nvidia={"cuda_version": cuda})
+    )
+    assert rc == 0, out
+    assert sel["torch"] == f"torch==2.13.0+{variant}"
+    assert sel["source_args"] == [
+        "--extra-index-url",
+        f"https://download.pytorch.org/whl/{variant}",
+    ]
+    assert "async_io" in sel["ops"] and "fused_adam" in sel["ops"]
+    assert sel["build_env"]["CUDA_HOME"] == f"/usr/local/cuda-{cuda[:4].rstrip('.')}"
+    assert sel["key"].startswith(f"{variant}-torch2.13.0-")
+
+
+def test_cuda_without_a_torch_build_fails_preflight_naming_the_versions():
+    rc, sel, out = select(
+        facts(accelerators={"kind": "cuda", "count": 2}, nvidia={"cuda_version": "11.8"})
+    )
+    assert rc != 0 and sel is None
+    assert "No torch wheel variant for cuda with CUDA 11.8" in out
+    assert "12.6, 12.8, 13.0" in out
+
+
+def test_gaudi_build_host_gets_the_habana_torch_and_deepspeed_fork():
+    rc, sel, out = select(
+        facts(accelerators={"kind": "hpu", "count": 8}, habana={"synapseai_version": "1.21.1-16"})
+        | {"ansible_distribution": "Ubuntu", "ansible_distribution_version": "22.04"}
+    )
+    assert rc == 0, out
+    assert sel["variant"] == "hpu" and sel["torch"] == "torch==2.6.0"
+    assert sel["deepspeed"] == "0.14.4" and sel["sdist"] == "deepspeed-habana-1.21.1.tar.gz"
+    assert "habana-torch-plugin==1.21.1.16" in sel["requirements"]
+    assert sel["source_args"][0] == "--find-links"
+
+
+def test_gaudi_on_an_unsupported_os_or_synapseai_fails_preflight():
+    rc, _, out = select(
+        facts(accelerators={"kind": "hpu", "count": 8}, habana={"synapseai_version": "1.21.1-16"})
+    )
+    assert rc != 0
+    assert "runs SynapseAI 1.21.1 on debian12" in out and "ubuntu22.04" in out
+    rc, _, out = select(
+        facts(accelerators={"kind": "hpu", "count": 8}, habana={"synapseai_version": "1.9.0-580"})
+        | {"ansible_distribution": "Ubuntu", "ansible_distribution_version": "22.04"}
+    )
+    assert rc != 0
+    assert "runs SynapseAI 1.9.0" in out and "1.21.1, 1.22.0" in out
+
+
+def test_a_node_of_another_kind_than_the_wheelhouse_fails_preflight():
+    rc, _, out = select(
+        facts(accelerators={"kind": "cpu", "count": 0}) | {"ml_stack_accelerator": "cuda"}
+    )
+    assert rc != 0
+    assert "localhost is a cpu node, but the wheelhouse is built for cuda" in out
