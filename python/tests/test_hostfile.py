@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import pathlib
 import re
 
@@ -8,6 +9,14 @@ import pytest
 from dscluster import hostfile, inventory
 from dscluster.errors import DsclusterError
 
+from .accel_fixtures import (
+    accelerators,
+    fixture,
+    make_root,
+    nccl_profile,
+    outputs,
+    rename_interface,
+)
 from .conftest import write_facts
 
 # DeepSpeed's own hostfile pattern (deepspeed/launcher/runner.py::_parse_hostfile); the e2e
@@ -145,3 +154,180 @@ def test_incomplete_facts_are_an_error(inventory_dir: pathlib.Path):
     inv = inventory.load(inventory_dir)
     with pytest.raises(DsclusterError, match="recorded facts of node-a are incomplete"):
         hostfile.write_launch_files(inv)
+
+
+# ---- facts built from recorded outputs: accelerators fact -> nccl_profile -> facts/<host>.json
+
+
+def _parse_deepspeed_env(text: str) -> dict[str, str]:
+    """`.deepspeed_env` read as DeepSpeed's runner does (see hostfile.py's docstring): each
+    line split once on '=', key and value stripped; values outside the safe set get quoted
+    and then expanded by the remote shell, so they must not hold what the shell changes."""
+    env = {}
+    for line in text.splitlines():
+        assert line and not line.startswith(("#", "export ")), line
+        key, value = line.split("=", 1)
+        assert key == key.strip() and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key), line
+        assert value == value.strip() and value, line
+        assert not set(value) & set('$`"\\!'), line
+        env[key] = value
+    return env
+
+
+def _fixture_node(
+    tmp_path: pathlib.Path,
+    name: str,
+    *,
+    nvidia_smi: str,
+    fi_info: str,
+    efa: tuple[str, ...],
+    plugin_dir: pathlib.Path,
+    ifname: str = "eth0",
+) -> dict:
+    """A node's facts/<host>.json as deepspeed_launcher's export.yml writes it, from recorded
+    tool outputs run through the accelerators fact and nccl_profile."""
+    recorded = outputs(nvidia_smi=fixture(nvidia_smi), fi_info_efa=fixture(fi_info), hostname=name)
+    if ifname != "eth0":  # a test edit of the recorded `ip` output, not a recording
+        recorded["ip_addr"], recorded["ip_route"] = rename_interface(
+            recorded["ip_addr"], recorded["ip_route"], "eth0", ifname
+        )
+    acc = accelerators.build_fact(recorded, make_root(tmp_path / f"root-{name}", efa=efa))
+    prof = nccl_profile.build_profile(acc, None, [str(plugin_dir)])
+    return {
+        "accelerators": acc,
+        # what roles/nccl_env records in /etc/ansible/facts.d/nccl_env.fact
+        "nccl_env": {k: prof[k] for k in ("profile", "env", "socket_ifname")},
+        "interface": ifname,
+    }
+
+
+@pytest.fixture
+def efa_cluster(tmp_path: pathlib.Path) -> pathlib.Path:
+    inv = tmp_path / "inv"
+    (inv / "facts").mkdir(parents=True)
+    (inv / "hosts.yml").write_text(
+        "all:\n  vars:\n    dscluster_cpu_slots: 1\n  children:\n"
+        "    head:\n      hosts:\n        gpu-4: {}\n"
+        "    workers:\n      hosts:\n        gpu-2: {}\n"
+    )
+    plugin = tmp_path / "opt-amazon-ofi-nccl-lib"
+    plugin.mkdir()
+    (plugin / "libnccl-net.so").write_text("")
+    return inv
+
+
+def _write_efa_nodes(inv: pathlib.Path, tmp_path: pathlib.Path, second_ifname: str = "eth0"):
+    plugin = tmp_path / "opt-amazon-ofi-nccl-lib"
+    nodes = {
+        "gpu-4": _fixture_node(
+            tmp_path,
+            "gpu-4",
+            nvidia_smi="nvidia-smi-L_4x_a100_mig.txt",
+            fi_info="fi_info-p_efa-t_rdm_p4d_4x.txt",
+            efa=("rdmap16s27", "rdmap32s27", "rdmap144s27", "rdmap160s27"),
+            plugin_dir=plugin,
+        ),
+        "gpu-2": _fixture_node(
+            tmp_path,
+            "gpu-2",
+            nvidia_smi="nvidia-smi-L_2x_quadro_rtx4000.txt",
+            fi_info="fi_info-p_efa_efa-direct_1x.txt",
+            efa=("rdmap47s0",),
+            plugin_dir=plugin,
+            ifname=second_ifname,
+        ),
+    }
+    for host, data in nodes.items():
+        acc = data["accelerators"]
+        write_facts(
+            inv / "facts",
+            host,
+            kind=acc["kind"],
+            count=acc["count"],
+            accelerators=acc,
+            nccl_env=data["nccl_env"],
+            interface=data["interface"],
+        )
+    return nodes
+
+
+def test_acceptance_4_and_2_gpu_efa_nodes_from_recorded_outputs(efa_cluster, tmp_path):
+    nodes = _write_efa_nodes(efa_cluster, tmp_path)
+    assert [n["nccl_env"]["profile"] for n in nodes.values()] == ["efa", "efa"]
+    files = hostfile.write_launch_files(inventory.load(efa_cluster))
+    assert files.hostfile.read_text() == "gpu-4 slots=4\ngpu-2 slots=2\n"
+    assert [
+        DS_HOSTFILE_RE.match(line).groups() for line in files.hostfile.read_text().splitlines()
+    ] == [
+        ("gpu-4", "4"),
+        ("gpu-2", "2"),
+    ]
+    assert files.world_size == 6
+    env = _parse_deepspeed_env(files.env_file.read_text())
+    assert env["FI_PROVIDER"] == "efa"
+    assert env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert env["RDMAV_FORK_SAFE"] == "1"
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert env["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert env["LD_LIBRARY_PATH"].startswith(str(tmp_path / "opt-amazon-ofi-nccl-lib"))
+    assert env["PATH"].startswith("/opt/dscluster/venv/bin:")
+    assert "OMP_NUM_THREADS" not in env  # GPU nodes
+    assert files.warnings == []
+
+
+def test_acceptance_heterogeneous_interface_names_leave_keys_out_with_warning(
+    efa_cluster, tmp_path
+):
+    _write_efa_nodes(efa_cluster, tmp_path, second_ifname="ens5")
+    files = hostfile.write_launch_files(inventory.load(efa_cluster))
+    env = _parse_deepspeed_env(files.env_file.read_text())
+    assert "NCCL_SOCKET_IFNAME" not in env  # each node's /etc/nccl.conf has its own
+    assert "GLOO_SOCKET_IFNAME" not in env
+    assert env["FI_PROVIDER"] == "efa"  # the same everywhere, still exported
+    assert len(files.warnings) == 1
+    assert files.warnings[0].startswith(
+        "GLOO_SOCKET_IFNAME differs between nodes (gpu-4: eth0, gpu-2: ens5)"
+    )
+
+
+def test_cli_hostfile_prints_each_warning_on_one_line(efa_cluster, tmp_path, capsys):
+    _write_efa_nodes(efa_cluster, tmp_path, second_ifname="ens5")
+    from dscluster import cli  # noqa: PLC0415
+
+    assert cli.main(["hostfile", "-i", str(efa_cluster)]) == 0
+    err_lines = capsys.readouterr().err.strip().splitlines()
+    assert len(err_lines) == 1
+    assert err_lines[0].startswith("warning: GLOO_SOCKET_IFNAME differs between nodes")
+
+
+def test_hostfile_accepted_by_deepspeed_when_installed(efa_cluster, tmp_path):
+    ds_runner = pytest.importorskip("deepspeed.launcher.runner")
+    _write_efa_nodes(efa_cluster, tmp_path)
+    files = hostfile.write_launch_files(inventory.load(efa_cluster))
+    assert dict(ds_runner.fetch_hostfile(str(files.hostfile))) == {"gpu-4": 4, "gpu-2": 2}
+
+
+def test_node_without_nccl_env_fact_is_reported(efa_cluster, tmp_path):
+    _write_efa_nodes(efa_cluster, tmp_path)
+    data = json.loads((efa_cluster / "facts" / "gpu-2.json").read_text())
+    del data["nccl_env"]
+    (efa_cluster / "facts" / "gpu-2.json").write_text(json.dumps(data))
+    files = hostfile.write_launch_files(inventory.load(efa_cluster))
+    env = _parse_deepspeed_env(files.env_file.read_text())
+    assert "FI_PROVIDER" not in env
+    assert files.warnings[0].startswith("no nccl_env fact for gpu-2")
+    assert any(w.startswith("FI_PROVIDER differs between nodes") for w in files.warnings)
+
+
+def test_old_facts_keep_the_interface_rule(inventory_dir: pathlib.Path):
+    # conftest's facts carry no nccl_env (as before the nccl_env role): same as before.
+    files = hostfile.write_launch_files(inventory.load(inventory_dir))
+    env = _parse_deepspeed_env(files.env_file.read_text())
+    assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert files.warnings == []
+
+
+def test_malformed_nccl_env_fact_is_an_error(inventory_dir: pathlib.Path):
+    write_facts(inventory_dir / "facts", "node-a", kind="cuda", count=4, nccl_env=["eth0"])
+    with pytest.raises(DsclusterError, match="recorded facts of node-a are incomplete"):
+        hostfile.write_launch_files(inventory.load(inventory_dir))

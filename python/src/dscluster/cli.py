@@ -59,6 +59,8 @@ def cmd_hostfile(args: argparse.Namespace, out: Console, err: Console) -> int:
     files = write_launch_files(_inventory(args.inventory))
     out.print(f"wrote {files.hostfile} ({files.world_size} slots on {len(files.facts)} hosts)")
     out.print(f"wrote {files.env_file}")
+    for warning in files.warnings:
+        err.print(f"warning: {warning}", markup=False, highlight=False)
     return 0
 
 

@@ -5,6 +5,12 @@ Rules come from DeepSpeed's launcher: hostfile lines must match `^(\\S+)\\s+slot
 duplicates are refused and the first host is the master; `.deepspeed_env` lines are split
 once on `=`, keys stripped, values stripped and wrapped in double quotes when they hold a
 character outside `[\\w@%+=:,./-]` before being pasted into a pdsh command line.
+
+The communication environment (NCCL / HCCL / libfabric / gloo) comes from each node's
+`nccl_env` fact (roles/nccl_env). The pdsh launcher exports one `.deepspeed_env` to every node,
+so only keys whose value is the same on every node go there. A differing `NCCL_*` key is left
+to each node's /etc/nccl.conf, which NCCL reads itself; any other differing key (GLOO_*,
+HCCL_*, FI_*) is left out and reported as a warning.
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ class NodeFacts:
     torch_extensions_dir: str
     cpus: int
     versions: Mapping[str, Any]
+    # The node's nccl_env fact ({"profile", "env", "socket_ifname"}); {} on older facts.
+    nccl_env: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def slots(self) -> int:
@@ -52,6 +60,11 @@ class NodeFacts:
     def from_json(cls, host: str, data: Mapping[str, Any]) -> NodeFacts:
         try:
             acc = data["accelerators"]
+            nccl_env = data.get("nccl_env") or {}
+            if not isinstance(nccl_env, Mapping) or not isinstance(
+                nccl_env.get("env", {}), Mapping
+            ):
+                raise TypeError(f"nccl_env is {nccl_env!r}, not a mapping with an env mapping")
             return cls(
                 host=host,
                 accelerator=str(acc["kind"]),
@@ -63,6 +76,7 @@ class NodeFacts:
                 torch_extensions_dir=str(data["versions"]["torch_extensions_dir"]),
                 cpus=int(acc.get("cpus", 1)),
                 versions=dict(data.get("versions", {})),
+                nccl_env=dict(nccl_env),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise DsclusterError(
@@ -160,8 +174,40 @@ def _one_path(facts: list[NodeFacts], field: str, variable: str) -> str:
     return paths.pop()
 
 
-def derive_env(facts: list[NodeFacts], extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The launcher environment every rank gets, from the recorded facts."""
+def _fabric_env(facts: list[NodeFacts]) -> tuple[dict[str, str], list[str]]:
+    """The nccl_env keys every node shares, and a warning per other key left out."""
+    env: dict[str, str] = {}
+    warnings: list[str] = []
+    without = [f.host for f in facts if not f.nccl_env]
+    if without:
+        warnings.append(
+            f"no nccl_env fact for {', '.join(without)}: NCCL/gloo settings are exported only "
+            "where every node agrees; run 'dscluster provision' so the nccl_env role records it"
+        )
+    per_node = {
+        f.host: {str(k): str(v) for k, v in f.nccl_env.get("env", {}).items()} for f in facts
+    }
+    for key in sorted({k for node_env in per_node.values() for k in node_env}):
+        values = {host: node_env.get(key) for host, node_env in per_node.items()}
+        distinct = set(values.values())
+        if len(distinct) == 1 and None not in distinct:
+            env[key] = distinct.pop()
+        elif not key.startswith("NCCL_"):
+            # NCCL_* keys are in each node's /etc/nccl.conf already; nothing to report.
+            shown = ", ".join(
+                f"{h}: {v if v is not None else '(unset)'}" for h, v in values.items()
+            )
+            warnings.append(
+                f"{key} differs between nodes ({shown}); left out of .deepspeed_env because the "
+                "pdsh launcher exports one value to every node, so each node uses its own default"
+            )
+    return env, warnings
+
+
+def derive_launch_env(
+    facts: list[NodeFacts], extra: Mapping[str, str] | None = None
+) -> tuple[dict[str, str], list[str]]:
+    """The launcher environment every rank gets, from the recorded facts, and warnings."""
     venv = _one_path(facts, "venv", "ml_stack_venv")
     env = {
         "PATH": f"{venv}/bin:{SYSTEM_PATH}",
@@ -170,20 +216,30 @@ def derive_env(facts: list[NodeFacts], extra: Mapping[str, str] | None = None) -
         ),
         "PYTHONUNBUFFERED": "1",
     }
-    ifaces = {f.interface for f in facts}
-    if len(ifaces) == 1 and "" not in ifaces:
-        iface = ifaces.pop()
-        # gloo (CPU) and NCCL (GPU) pick "the first" interface by themselves; pin the one the
-        # nodes reach each other on.
-        env["GLOO_SOCKET_IFNAME"] = iface
-        env["NCCL_SOCKET_IFNAME"] = iface
+    warnings: list[str] = []
+    if any(f.nccl_env for f in facts):
+        fabric, warnings = _fabric_env(facts)
+        env.update(fabric)
+    else:
+        # Facts from before the nccl_env role: pin the interface the nodes reach each other on
+        # when every node names it alike (gloo and NCCL pick "the first" one by themselves).
+        ifaces = {f.interface for f in facts}
+        if len(ifaces) == 1 and "" not in ifaces:
+            iface = ifaces.pop()
+            env["GLOO_SOCKET_IFNAME"] = iface
+            env["NCCL_SOCKET_IFNAME"] = iface
     kinds = {f.accelerator for f in facts}
     if kinds == {"cpu"}:
         threads = min(max(1, f.cpus // max(1, f.slots)) for f in facts)
         env["OMP_NUM_THREADS"] = str(threads)
     if extra:
         env.update(extra)
-    return env
+    return env, warnings
+
+
+def derive_env(facts: list[NodeFacts], extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The launcher environment every rank gets (see derive_launch_env for the warnings)."""
+    return derive_launch_env(facts, extra)[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,6 +247,8 @@ class LaunchFiles:
     hostfile: pathlib.Path
     env_file: pathlib.Path
     facts: list[NodeFacts]
+    # One line each: environment keys left out of .deepspeed_env because nodes differ.
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def world_size(self) -> int:
@@ -206,9 +264,10 @@ def write_launch_files(inv: Inventory, extra_env: Mapping[str, str] | None = Non
     hostfile_text = render_hostfile((f.host, f.slots) for f in facts)
     extra = dict(inv.var(inv.head, "dscluster_extra_env", {}) or {})
     extra.update(extra_env or {})
-    env_text = render_env(derive_env(facts, extra))
+    env, warnings = derive_launch_env(facts, extra)
+    env_text = render_env(env)
     hostfile = inv.directory / "hostfile"
     env_file = inv.directory / ".deepspeed_env"
     atomic_write(hostfile, hostfile_text)
     atomic_write(env_file, env_text)
-    return LaunchFiles(hostfile=hostfile, env_file=env_file, facts=facts)
+    return LaunchFiles(hostfile=hostfile, env_file=env_file, facts=facts, warnings=warnings)
