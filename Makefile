@@ -78,10 +78,19 @@ e2e: images ## End-to-end test: local cluster, provision, hostfile, smoke, DeepS
 	bash scripts/pytest.sh -m docker
 
 .PHONY: molecule
-molecule: images ## molecule test -s cluster (head + 2 workers, converge = site.yml)
+molecule: molecule-cluster molecule-accelerators ## Both molecule scenarios (cluster, accelerators)
+
+.PHONY: molecule-cluster
+molecule-cluster: images ## molecule test -s cluster (head + 2 workers, converge = site.yml)
 	@docker volume rm -f dsc-mol-shared >/dev/null 2>&1 || true  # a volume left by an earlier run
 	DSCLUSTER_NODE_IMAGE=$$($(DSC) image) $(BIN)/molecule test -s cluster; \
 	  rc=$$?; docker volume rm -f dsc-mol-shared >/dev/null 2>&1; exit $$rc
+
+.PHONY: molecule-accelerators
+molecule-accelerators: images ## molecule test -s accelerators (NVIDIA/CUDA/Gaudi/EFA/NCCL roles vs stand-in vendor repos)
+	DSCLUSTER_NODE_IMAGE=$$($(DSC) image) \
+	DSCLUSTER_STANDIN_IMAGE=$$(bash molecule/accelerators/standin/image.sh) \
+	  $(BIN)/molecule test -s accelerators
 
 .PHONY: training-image
 training-image: venv engine ## Multi-node training image from a wheelhouse (VARIANT=cpu|cuda|gaudi WHEELHOUSE=dir)

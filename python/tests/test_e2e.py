@@ -73,6 +73,23 @@ def test_provision(cluster: pathlib.Path):
         assert (cluster / "facts" / f"{NAME}-n{i}.json").is_file()
 
 
+def test_wrong_nccl_socket_ifname_fails_preflight_naming_the_node(cluster: pathlib.Path):
+    host_vars = cluster / "host_vars"
+    host_vars.mkdir(exist_ok=True)
+    override = host_vars / f"{NAME}-n2.yml"
+    override.write_text("dscluster_nccl_socket_ifname: ib9\n")
+    try:
+        proc = dsc("provision", "-i", str(cluster), "--playbook", "preflight.yml", timeout=300)
+    finally:
+        override.unlink()
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("dscluster: error: provisioning (preflight.yml) failed on "), line
+    assert f"{NAME}-n2: NCCL_SOCKET_IFNAME=ib9 matches no interface with an IPv4 address" in line
+    assert "this node has: eth0 (" in line
+    assert f"{NAME}-n1:" not in line and f"{NAME}-n3:" not in line
+
+
 def test_launch_files_accepted_by_deepspeed(cluster: pathlib.Path):
     proc = dsc("hostfile", "-i", str(cluster))
     assert proc.returncode == 0, proc.stderr

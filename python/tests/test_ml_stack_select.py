@@ -61,9 +61,7 @@ def test_cpu_build_host_gets_cpu_torch_and_cpu_ops():
 
 @pytest.mark.parametrize(("cuda", "variant"), [("12.8.1", "cu128"), ("12.6", "cu126")])
 def test_gpu_build_host_gets_the_torch_of_its_cuda(cuda, variant):
-    rc, sel, out = select(
-        facts(accelerators={"kind": "cuda", "count": 4}, nvidia={"cuda_version": cuda})
-    )
+    rc, sel, out = select(facts(accelerators={"kind": "cuda", "count": 4}, nvidia={"cuda": cuda}))
     assert rc == 0, out
     assert sel["torch"] == f"torch==2.13.0+{variant}"
     assert sel["source_args"] == [
@@ -76,9 +74,7 @@ def test_gpu_build_host_gets_the_torch_of_its_cuda(cuda, variant):
 
 
 def test_cuda_without_a_torch_build_fails_preflight_naming_the_versions():
-    rc, sel, out = select(
-        facts(accelerators={"kind": "cuda", "count": 2}, nvidia={"cuda_version": "11.8"})
-    )
+    rc, sel, out = select(facts(accelerators={"kind": "cuda", "count": 2}, nvidia={"cuda": "11.8"}))
     assert rc != 0 and sel is None
     assert "No torch wheel variant for cuda with CUDA 11.8" in out
     assert "12.6, 12.8, 13.0" in out
@@ -86,7 +82,7 @@ def test_cuda_without_a_torch_build_fails_preflight_naming_the_versions():
 
 def test_gaudi_build_host_gets_the_habana_torch_and_deepspeed_fork():
     rc, sel, out = select(
-        facts(accelerators={"kind": "hpu", "count": 8}, habana={"synapseai_version": "1.21.1-16"})
+        facts(accelerators={"kind": "hpu", "count": 8}, habana={"synapseai": "1.21.1-16"})
         | {"ansible_distribution": "Ubuntu", "ansible_distribution_version": "22.04"}
     )
     assert rc == 0, out
@@ -98,12 +94,12 @@ def test_gaudi_build_host_gets_the_habana_torch_and_deepspeed_fork():
 
 def test_gaudi_on_an_unsupported_os_or_synapseai_fails_preflight():
     rc, _, out = select(
-        facts(accelerators={"kind": "hpu", "count": 8}, habana={"synapseai_version": "1.21.1-16"})
+        facts(accelerators={"kind": "hpu", "count": 8}, habana={"synapseai": "1.21.1-16"})
     )
     assert rc != 0
     assert "runs SynapseAI 1.21.1 on debian12" in out and "ubuntu22.04" in out
     rc, _, out = select(
-        facts(accelerators={"kind": "hpu", "count": 8}, habana={"synapseai_version": "1.9.0-580"})
+        facts(accelerators={"kind": "hpu", "count": 8}, habana={"synapseai": "1.9.0-580"})
         | {"ansible_distribution": "Ubuntu", "ansible_distribution_version": "22.04"}
     )
     assert rc != 0

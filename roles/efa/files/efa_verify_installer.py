@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Verify the EFA installer tarball's detached signature against a pinned key fingerprint.
 
-Works in a throwaway GNUPGHOME (removed afterwards): imports only the given public key,
-refuses it unless its primary fingerprint is the pinned one, then requires gpg's VALIDSIG
-status for the tarball from that key. Prints one line and exits 0 when good; otherwise prints
-one line naming the file and the reason to stderr and exits 1.
+Works in a throwaway GNUPGHOME (removed afterwards): reads only the given public key,
+refuses it unless its primary fingerprint is the pinned one, then requires gpgv's VALIDSIG
+status for the tarball from a keyring holding only that key (no gpg-agent needed). Prints
+one line and exits 0 when good; otherwise prints one line naming the file and the reason to
+stderr and exits 1.
 
 Usage: efa_verify_installer.py --tarball T --signature S --key K --fingerprint FPR
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,10 +53,23 @@ def verify(tarball: str, signature: str, key: str, fingerprint: str) -> str:
                 f"{key} has fingerprint {fprs[0]}, expected {pinned}"
                 " (efa_installer_key_fingerprint); refusing it"
             )
-        imported = _gpg(home, "--import", key)
-        if imported.returncode != 0:
-            raise VerifyError(f"gpg could not import {key}: {imported.stderr.strip()}")
-        checked = _gpg(home, "--verify", signature, tarball)
+        # gpgv (which apt itself depends on) checks the signature against a keyring holding
+        # only this key; unlike `gpg --import` it needs no gpg-agent on the node.
+        keyring = os.path.join(home, "efa.gpg")
+        with open(key, "rb") as fh:
+            armored = fh.read(64).lstrip().startswith(b"-----BEGIN PGP")
+        if armored:
+            dearmored = _gpg(home, "--yes", "--output", keyring, "--dearmor", key)
+            if dearmored.returncode != 0:
+                raise VerifyError(f"gpg could not read {key}: {dearmored.stderr.strip()}")
+        else:
+            shutil.copyfile(key, keyring)
+        checked = subprocess.run(
+            ["gpgv", "--status-fd", "1", "--keyring", keyring, signature, tarball],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         status = [ln.split() for ln in checked.stdout.splitlines() if ln.startswith("[GNUPG:]")]
         valid = [s for s in status if len(s) > 2 and s[1] == "VALIDSIG"]
         if checked.returncode != 0 or not valid:
