@@ -69,6 +69,8 @@ def run_smoke(
     if zero not in (0, 1, 2, 3):
         raise DsclusterError(f"--zero {zero} is not a ZeRO stage; use 1, 2 or 3")
     files = write_launch_files(inv)
+    for warning in files.warnings:
+        console.print(f"warning: {warning}", markup=False, highlight=False)
     run_id = dt.datetime.now(dt.UTC).strftime("smoke-%Y%m%dT%H%M%S")
     stage = pathlib.Path(tempfile.mkdtemp(prefix="smoke-", dir=cache_dir()))
     try:
