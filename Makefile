@@ -78,10 +78,11 @@ e2e: images ## End-to-end test: local cluster, provision, hostfile, smoke, DeepS
 	bash scripts/pytest.sh -m docker
 
 .PHONY: molecule
-molecule: molecule-cluster molecule-accelerators ## Both molecule scenarios (cluster, accelerators)
+molecule: images ## Both molecule scenarios, side by side (each one's output printed when it ends)
+	@$(MAKE) --no-print-directory -j2 --output-sync=target molecule-cluster molecule-accelerators
 
 .PHONY: molecule-cluster
-molecule-cluster: images ## molecule test -s cluster (head + 2 workers, converge = site.yml)
+molecule-cluster: images ## molecule test -s cluster (head + 1 worker, converge = site.yml)
 	@docker volume rm -f dsc-mol-shared >/dev/null 2>&1 || true  # a volume left by an earlier run
 	DSCLUSTER_NODE_IMAGE=$$($(DSC) image) $(BIN)/molecule test -s cluster; \
 	  rc=$$?; docker volume rm -f dsc-mol-shared >/dev/null 2>&1; exit $$rc
