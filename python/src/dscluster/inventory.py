@@ -80,6 +80,13 @@ def load(source: str | pathlib.Path) -> Inventory:
             f"inventory {path} does not exist; pass -i inventories/<name> "
             "(e.g. after 'dscluster local up --name <name>')"
         )
+    # Given a directory, hand Ansible its hosts file, not the directory: Ansible reads every
+    # file in an inventory directory as a source, and dscluster keeps other files there
+    # (hostfile, facts/*.json, reports/). group_vars/ and host_vars/ beside it still apply.
+    if path.is_dir():
+        path = next(
+            p for p in (path / "hosts.yml", path / "hosts.yaml", path / "hosts") if p.exists()
+        )
     proc = run([tool("ansible-inventory"), "-i", str(path), "--list"], check=False, timeout=120)
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
