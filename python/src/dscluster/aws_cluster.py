@@ -1,0 +1,437 @@
+"""`dscluster aws up/down`: an EC2 cluster for DeepSpeed, idempotent, removed exactly.
+
+`up` makes (or reuses) a cluster placement group `dscluster-<name>`, a security group
+`dscluster-<name>` in the subnet's VPC that lets the cluster talk to itself, and starts only
+the instances missing from `--count`. Everything it makes carries `dscluster:cluster=<name>`
+(the first head also `dscluster:role=head`); `down` finds things by that tag and the
+`dscluster-<name>` names, and removes those and nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .aws import (
+    CLUSTER_TAG,
+    HEAD_ROLE,
+    ROLE_TAG,
+    aws_errors,
+    cluster_filter,
+    ec2_client,
+    tag_value,
+)
+from .aws_inventory import instance_types
+from .errors import DsclusterError
+
+LIVE_STATES = ["pending", "running"]
+NOT_GONE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
+WAITER_DELAY_S = 5
+# After termination, EC2 keeps the instances' network interfaces for a while; the security group
+# cannot be deleted until they are gone (DependencyViolation). Retry this long at most.
+SG_DELETE_RETRY_S = 180
+
+Say = Callable[[str], None]
+
+
+def resource_name(cluster: str) -> str:
+    return f"dscluster-{cluster}"
+
+
+def _tags(cluster: str) -> list[dict[str, str]]:
+    return [{"Key": CLUSTER_TAG, "Value": cluster}]
+
+
+def _error_code(exc: Exception) -> str:
+    return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+
+
+@dataclasses.dataclass
+class UpResult:
+    cluster: str
+    region: str
+    instance_type: str
+    placement_group: str
+    security_group: str
+    created: list[str] = dataclasses.field(default_factory=list)  # what this run made
+    existing: list[str] = dataclasses.field(default_factory=list)  # instances already there
+    launched: list[str] = dataclasses.field(default_factory=list)  # instances this run started
+    efa_interfaces: int = 0
+
+    def summary(self) -> str:
+        total = len(self.existing) + len(self.launched)
+        if not self.created:
+            return (
+                f"aws cluster '{self.cluster}' in {self.region}: nothing to create; {total} "
+                f"instances running or pending; next: dscluster inventory aws --cluster "
+                f"{self.cluster} --region {self.region}"
+            )
+        return (
+            f"aws cluster '{self.cluster}' in {self.region}: created {len(self.created)} objects "
+            f"({len(self.launched)} instances), {total} instances in all; next: dscluster "
+            f"inventory aws --cluster {self.cluster} --region {self.region}"
+        )
+
+
+# ---------------------------------------------------------------- finders
+
+
+def live_instances(ec2: Any, cluster: str, states: list[str]) -> list[dict[str, Any]]:
+    result = []
+    pages = ec2.get_paginator("describe_instances").paginate(
+        Filters=[cluster_filter(cluster), {"Name": "instance-state-name", "Values": states}],
+        PaginationConfig={"PageSize": 200},
+    )
+    for page in pages:
+        for reservation in page.get("Reservations", []):
+            result.extend(reservation.get("Instances", []))
+    return result
+
+
+def find_placement_group(ec2: Any, cluster: str) -> dict[str, Any] | None:
+    name = resource_name(cluster)
+    groups = ec2.describe_placement_groups(Filters=[{"Name": "group-name", "Values": [name]}])
+    for group in groups.get("PlacementGroups", []):
+        if group.get("GroupName") == name and group.get("State") != "deleted":
+            return group
+    return None
+
+
+def find_security_groups(ec2: Any, cluster: str, vpc_id: str | None) -> list[dict[str, Any]]:
+    filters = [{"Name": "group-name", "Values": [resource_name(cluster)]}]
+    if vpc_id:
+        filters.append({"Name": "vpc-id", "Values": [vpc_id]})
+    groups = []
+    for page in ec2.get_paginator("describe_security_groups").paginate(Filters=filters):
+        groups.extend(page.get("SecurityGroups", []))
+    return groups
+
+
+def _ours(resource: dict[str, Any], cluster: str, what: str, name: str) -> None:
+    if tag_value(resource, CLUSTER_TAG) != cluster:
+        raise DsclusterError(
+            f"{what} {name} exists but is not tagged {CLUSTER_TAG}={cluster}, so dscluster did "
+            f"not make it; delete or rename it, or pick another --cluster"
+        )
+
+
+# ---------------------------------------------------------------- up
+
+
+def _subnet(ec2: Any, subnet: str | None, region: str) -> dict[str, Any]:
+    if subnet:
+        found = ec2.describe_subnets(Filters=[{"Name": "subnet-id", "Values": [subnet]}])
+        subnets = found.get("Subnets", [])
+        if not subnets:
+            raise DsclusterError(f"subnet {subnet} does not exist in {region}; check --subnet")
+        return subnets[0]
+    vpcs = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}]).get("Vpcs", [])
+    if not vpcs:
+        raise DsclusterError(f"region {region} has no default VPC; pass --subnet <subnet-id>")
+    found = ec2.describe_subnets(
+        Filters=[
+            {"Name": "vpc-id", "Values": [vpcs[0]["VpcId"]]},
+            {"Name": "default-for-az", "Values": ["true"]},
+        ]
+    )
+    subnets = sorted(found.get("Subnets", []), key=lambda s: (s["AvailabilityZone"], s["SubnetId"]))
+    if not subnets:
+        raise DsclusterError(
+            f"the default VPC of {region} has no default subnet; pass --subnet <subnet-id>"
+        )
+    return subnets[0]
+
+
+def _resolve_ami(sess: Any, ami: str | None) -> str:
+    if not ami:
+        raise DsclusterError(
+            "no AMI: pass --ami <ami-id> (e.g. an AWS Deep Learning AMI of your region), or an "
+            "SSM parameter name starting with '/' that holds one; dscluster does not guess"
+        )
+    if not ami.startswith("/"):
+        return ami
+    ssm = sess.client("ssm")
+    with aws_errors(sess.region_name):
+        try:
+            return str(ssm.get_parameter(Name=ami)["Parameter"]["Value"])
+        except Exception as exc:
+            if _error_code(exc) == "ParameterNotFound":
+                raise DsclusterError(
+                    f"SSM parameter {ami} does not exist in {sess.region_name}; check --ami"
+                ) from exc
+            raise
+
+
+def _ensure_placement_group(ec2: Any, cluster: str, result: UpResult, say: Say) -> None:
+    name = resource_name(cluster)
+    group = find_placement_group(ec2, cluster)
+    if group:
+        _ours(group, cluster, "placement group", name)
+        if group.get("Strategy") != "cluster":
+            raise DsclusterError(
+                f"placement group {name} has strategy {group.get('Strategy')}, not cluster; "
+                "run 'dscluster aws down' first"
+            )
+        return
+    ec2.create_placement_group(
+        GroupName=name,
+        Strategy="cluster",
+        TagSpecifications=[{"ResourceType": "placement-group", "Tags": _tags(cluster)}],
+    )
+    result.created.append(f"placement group {name}")
+    say(f"created placement group {name} (strategy cluster)")
+
+
+def _self_rule_present(permissions: list[dict[str, Any]], group_id: str) -> bool:
+    return any(
+        p.get("IpProtocol") == "-1"
+        and any(pair.get("GroupId") == group_id for pair in p.get("UserIdGroupPairs", []))
+        for p in permissions
+    )
+
+
+def _ensure_security_group(
+    ec2: Any, cluster: str, vpc_id: str, *, ssh_cidr: str | None, result: UpResult, say: Say
+) -> str:
+    name = resource_name(cluster)
+    groups = find_security_groups(ec2, cluster, vpc_id)
+    if groups:
+        group = groups[0]
+        _ours(group, cluster, "security group", f"{name} ({group['GroupId']})")
+        group_id = str(group["GroupId"])
+    else:
+        group_id = str(
+            ec2.create_security_group(
+                GroupName=name,
+                Description=f"dscluster {cluster}: all traffic within the cluster (EFA, NCCL)",
+                VpcId=vpc_id,
+                TagSpecifications=[{"ResourceType": "security-group", "Tags": _tags(cluster)}],
+            )["GroupId"]
+        )
+        result.created.append(f"security group {name} ({group_id})")
+        say(f"created security group {name} ({group_id}) in {vpc_id}")
+        group = ec2.describe_security_groups(GroupIds=[group_id])["SecurityGroups"][0]
+    # EFA needs BOTH rules: AWS's EFA security group (EC2 user guide, "Get started with EFA",
+    # step "Prepare an EFA-enabled security group", and the same recipe in
+    # https://docs.aws.amazon.com/pcs/latest/userguide/working-with_networking_efa_create-sg.html:
+    # authorize-security-group-ingress AND authorize-security-group-egress, --protocol -1,
+    # --source-group <itself>) allows all traffic in from and out to the group itself. The
+    # default allow-all egress rule does not count: EFA traffic needs the self-referencing one.
+    self_pair = [{"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id}]}]
+    if not _self_rule_present(group.get("IpPermissions", []), group_id):
+        ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=self_pair)
+        say(f"{group_id}: inbound all traffic from itself")
+    if not _self_rule_present(group.get("IpPermissionsEgress", []), group_id):
+        ec2.authorize_security_group_egress(GroupId=group_id, IpPermissions=self_pair)
+        say(f"{group_id}: outbound all traffic to itself")
+    if ssh_cidr and not any(
+        p.get("IpProtocol") == "tcp"
+        and p.get("FromPort") == 22
+        and any(r.get("CidrIp") == ssh_cidr for r in p.get("IpRanges", []))
+        for p in group.get("IpPermissions", [])
+    ):
+        ec2.authorize_security_group_ingress(
+            GroupId=group_id,
+            IpPermissions=[
+                {
+                    "IpProtocol": "tcp",
+                    "FromPort": 22,
+                    "ToPort": 22,
+                    "IpRanges": [{"CidrIp": ssh_cidr, "Description": "dscluster SSH"}],
+                }
+            ],
+        )
+        say(f"{group_id}: inbound SSH from {ssh_cidr}")
+    return group_id
+
+
+def network_interfaces(subnet_id: str, group_id: str, efa: bool) -> list[dict[str, Any]]:
+    """RunInstances NetworkInterfaces: the primary interface (card 0, device 0) in the cluster's
+    security group, an EFA (InterfaceType efa: EFA with ENA, so it also carries IP) with --efa.
+
+    Multi-card types (p4d, p5, trn1) reach full bandwidth only with further `efa-only`
+    interfaces on their other network cards, in a per-type layout (EC2 user guide, "Maximize
+    network bandwidth on Amazon EC2 instances with multiple network cards",
+    https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html); one EFA
+    interface is what every EFA type accepts, and what this command makes.
+    """
+    nic: dict[str, Any] = {"DeviceIndex": 0, "SubnetId": subnet_id, "Groups": [group_id]}
+    if efa:
+        nic["InterfaceType"] = "efa"
+    return [nic]
+
+
+def up(
+    sess: Any,
+    cluster: str,
+    *,
+    instance_type: str,
+    count: int,
+    efa: bool = False,
+    subnet: str | None = None,
+    ami: str | None = None,
+    key_name: str | None = None,
+    ssh_cidr: str | None = None,
+    wait_s: int = 600,
+    say: Say = print,
+) -> UpResult:
+    """Create or reconcile the cluster; a second run with the same arguments creates nothing."""
+    if count < 1:
+        raise DsclusterError(f"--count {count} is too small; a cluster needs at least 1 instance")
+    region = str(sess.region_name)
+    ec2 = ec2_client(sess)
+    with aws_errors(region):
+        info, _ = instance_types(ec2, [instance_type])
+        type_info = info[instance_type]
+        if type_info.source == "unknown":
+            raise DsclusterError(
+                f"instance type {instance_type} does not exist in {region}; check --type"
+            )
+        if efa and not type_info.efa:
+            raise DsclusterError(
+                f"instance type {instance_type} does not support EFA; drop --efa or pick an "
+                "EFA type (e.g. p4d.24xlarge, p5.48xlarge, trn1.32xlarge)"
+            )
+        image_id = _resolve_ami(sess, ami)
+        existing = live_instances(ec2, cluster, LIVE_STATES)
+        result = UpResult(
+            cluster=cluster,
+            region=region,
+            instance_type=instance_type,
+            placement_group=resource_name(cluster),
+            security_group="",
+            existing=[str(i["InstanceId"]) for i in existing],
+        )
+        missing = count - len(existing)
+        if missing <= 0:
+            # Nothing to start: report only, do not touch (or re-create) anything.
+            if missing < 0:
+                say(
+                    f"{len(existing)} instances already run for cluster {cluster}, more than "
+                    f"--count {count}; none is stopped (use 'dscluster aws down' to remove all)"
+                )
+            return result
+        sub = _subnet(ec2, subnet, region)
+        _ensure_placement_group(ec2, cluster, result, say)
+        group_id = _ensure_security_group(
+            ec2, cluster, sub["VpcId"], ssh_cidr=ssh_cidr, result=result, say=say
+        )
+        result.security_group = group_id
+        result.efa_interfaces = 1 if efa else 0
+        if type_info.efa and not efa:
+            say(
+                f"{instance_type} supports EFA but --efa was not given: plain ENI (TCP only); "
+                "run 'dscluster aws down' and 'up --efa' for EFA"
+            )
+        elif efa:
+            say(
+                f"{instance_type}: one EFA interface per instance (the type allows "
+                f"{type_info.max_efa})"
+            )
+        params: dict[str, Any] = {
+            "ImageId": image_id,
+            "InstanceType": instance_type,
+            "MinCount": missing,
+            "MaxCount": missing,
+            "Placement": {"GroupName": resource_name(cluster)},
+            "NetworkInterfaces": network_interfaces(sub["SubnetId"], group_id, efa),
+            "TagSpecifications": [
+                {"ResourceType": kind, "Tags": _tags(cluster)}
+                for kind in ("instance", "volume", "network-interface")
+            ],
+        }
+        if key_name:
+            params["KeyName"] = key_name
+        launched = ec2.run_instances(**params)["Instances"]
+        launched.sort(key=lambda i: int(i.get("AmiLaunchIndex") or 0))
+        ids = [str(i["InstanceId"]) for i in launched]
+        result.launched = ids
+        result.created.extend(f"instance {i}" for i in ids)
+        _name_instances(ec2, cluster, existing, launched)
+        say(f"started {len(ids)} {instance_type} instances in {sub['SubnetId']}: {', '.join(ids)}")
+        if wait_s > 0:
+            ec2.get_waiter("instance_running").wait(
+                InstanceIds=ids,
+                WaiterConfig={
+                    "Delay": WAITER_DELAY_S,
+                    "MaxAttempts": max(1, wait_s // WAITER_DELAY_S),
+                },
+            )
+            say(f"{len(ids)} instances running")
+    return result
+
+
+def _name_instances(
+    ec2: Any, cluster: str, existing: list[dict[str, Any]], launched: list[dict[str, Any]]
+) -> None:
+    """Name tags <cluster>-<n> on the new instances (lowest free n first); the head tag on the
+    first one when no live instance of the cluster carries it."""
+    used = {tag_value(i, "Name") for i in existing}
+    has_head = any(tag_value(i, ROLE_TAG) == HEAD_ROLE for i in existing)
+    n = 0
+    for index, inst in enumerate(launched):
+        while f"{cluster}-{n}" in used:
+            n += 1
+        name = f"{cluster}-{n}"
+        used.add(name)
+        tags = [{"Key": "Name", "Value": name}]
+        if index == 0 and not has_head:
+            tags.append({"Key": ROLE_TAG, "Value": HEAD_ROLE})
+        ec2.create_tags(Resources=[inst["InstanceId"]], Tags=tags)
+
+
+# ---------------------------------------------------------------- down
+
+
+def down(sess: Any, cluster: str, *, wait_s: int = 600, say: Say = print) -> list[str]:
+    """Terminate the cluster's instances, wait, delete its SG and placement group; nothing else."""
+    region = str(sess.region_name)
+    ec2 = ec2_client(sess)
+    removed: list[str] = []
+    with aws_errors(region):
+        instances = live_instances(ec2, cluster, NOT_GONE_STATES)
+        ids = sorted(str(i["InstanceId"]) for i in instances)
+        for start in range(0, len(ids), 500):
+            ec2.terminate_instances(InstanceIds=ids[start : start + 500])
+        if ids:
+            say(f"terminating {len(ids)} instances: {', '.join(ids)}")
+            removed.extend(f"instance {i}" for i in ids)
+            if wait_s > 0:
+                for start in range(0, len(ids), 200):
+                    ec2.get_waiter("instance_terminated").wait(
+                        InstanceIds=ids[start : start + 200],
+                        WaiterConfig={
+                            "Delay": WAITER_DELAY_S,
+                            "MaxAttempts": max(1, wait_s // WAITER_DELAY_S),
+                        },
+                    )
+                say(f"{len(ids)} instances terminated")
+        for group in find_security_groups(ec2, cluster, None):
+            if tag_value(group, CLUSTER_TAG) != cluster:
+                say(f"left security group {group['GroupId']}: not tagged {CLUSTER_TAG}={cluster}")
+                continue
+            _delete_security_group(ec2, str(group["GroupId"]))
+            removed.append(f"security group {group['GroupId']}")
+            say(f"deleted security group {resource_name(cluster)} ({group['GroupId']})")
+        group = find_placement_group(ec2, cluster)
+        if group and tag_value(group, CLUSTER_TAG) == cluster:
+            ec2.delete_placement_group(GroupName=resource_name(cluster))
+            removed.append(f"placement group {resource_name(cluster)}")
+            say(f"deleted placement group {resource_name(cluster)}")
+        elif group:
+            say(f"left placement group {group['GroupName']}: not tagged {CLUSTER_TAG}={cluster}")
+    return removed
+
+
+def _delete_security_group(ec2: Any, group_id: str) -> None:
+    deadline = time.monotonic() + SG_DELETE_RETRY_S
+    while True:
+        try:
+            ec2.delete_security_group(GroupId=group_id)
+            return
+        except Exception as exc:
+            if _error_code(exc) != "DependencyViolation" or time.monotonic() > deadline:
+                raise
+            time.sleep(WAITER_DELAY_S)
