@@ -17,6 +17,11 @@ declare -A R
 now() { date +%s.%N; }
 elapsed() { python3 -c "print(round($2 - $1, 1))"; }
 
+# A 10,000-node Slurm node list: expand, slots, inventory data and hostfile (limit 1 s).
+$BIN/python scripts/bench_nodelist.py >"$OUT/$stamp-nodelist.json"
+R[nodelist_10k_s]=$($BIN/python -c "import json,sys; print(json.load(open(sys.argv[1]))['total_s'])" "$OUT/$stamp-nodelist.json")
+R[nodelist_10k_yaml_s]=$($BIN/python -c "import json,sys; print(json.load(open(sys.argv[1]))['yaml_dump_s'])" "$OUT/$stamp-nodelist.json")
+
 if [ "${BENCH_COLD:-0}" = "1" ]; then
   echo "== cold: removing the local cluster, node images and the wheelhouse"
   $BIN/dscluster local down --name local >/dev/null 2>&1 || true

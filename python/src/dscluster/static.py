@@ -1,0 +1,251 @@
+"""`dscluster inventory static`: an inventory from a plain host list you already have.
+
+    dscluster inventory static --hosts gpu-01,gpu-02:4,cpu[1-8] --head gpu-01 --user ubuntu
+
+writes `inventories/<name>/hosts.yml` (plain YAML a person can edit; group `head` holds the
+first host or --head, group `workers` the others) and `inventories/<name>/hostfile`
+(DeepSpeed's `host slots=N`, head first). A host is `name`, `name:slots` or a Slurm-style
+range `node[01-16]` (expanded with python-hostlist); `ansible_host` is the name itself, so
+it must resolve from the controller.
+
+The other static route needs no command at all: copy `inventories/sample/` to
+`inventories/<name>/`, write the hosts into its `hosts.yml` by hand (head + workers, with
+`ansible_host` addresses), and run `make provision INV=<name>`.
+
+Host keys are always checked: ansible_ssh_common_args carries `StrictHostKeyChecking=yes`,
+and `--known-hosts FILE` points `UserKnownHostsFile` at a known_hosts you trust for these
+machines (your admin's); nothing here scans or trusts keys on first use.
+
+This module also holds the inventory writer the Slurm source shares (`write_cluster`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import pathlib
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import hostlist
+from rich.console import Console
+
+from .errors import DsclusterError
+from .hostfile import render_hostfile
+from .inventory import write_hosts_yml
+from .util import atomic_write, project_root
+
+NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+SLOTS_SUFFIX_RE = re.compile(r"^(?P<hosts>.+):(?P<slots>[0-9]+)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSpec:
+    """Everything an inventory source decided, before anything is written."""
+
+    name: str
+    source: str  # "static" | "slurm"
+    entries: list[tuple[str, int]]  # (host, slots), head first
+    all_vars: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Also write dscluster_cpu_slots per host (slots that are not a GPU count).
+    cpu_slots: bool = False
+    ansible_host: bool = False  # write ansible_host: <name> per host
+
+
+def check_name(name: str) -> None:
+    if not NAME_RE.match(name):
+        raise DsclusterError(
+            f"inventory name {name!r} is not usable; use lowercase letters, digits, '-' and '_', "
+            "starting with a letter"
+        )
+
+
+def check_hosts(entries: Sequence[tuple[str, int]]) -> None:
+    """Names usable in a hostfile / pdsh list, each once, each with at least one slot: the
+    hostfile's own rules (render_hostfile), applied before anything is written."""
+    if not entries:
+        raise DsclusterError("the host list is empty; name at least one host")
+    render_hostfile(entries)
+
+
+def split_top_level(text: str) -> list[str]:
+    """Split on commas outside brackets: `a[1,3],b` -> [`a[1,3]`, `b`]."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise DsclusterError(f"host list {text!r} has an unmatched ']'; fix the brackets")
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise DsclusterError(f"host list {text!r} has an unclosed '['; fix the brackets")
+    parts.append(text[start:])
+    return [p.strip() for p in parts]
+
+
+def expand(pattern: str) -> list[str]:
+    """One host or range (`node[01-04]`), expanded by python-hostlist, duplicates kept."""
+    try:
+        return list(hostlist.expand_hostlist(pattern, allow_duplicates=True))
+    except hostlist.BadHostlist as exc:
+        raise DsclusterError(
+            f"cannot expand host list {pattern!r} ({exc}); write hosts as name, name:slots or "
+            "prefix[01-16]"
+        ) from exc
+
+
+def parse_hosts(text: str, default_slots: int = 1) -> list[tuple[str, int]]:
+    """`a,b:4,node[1-3]:2` -> [(a, default), (b, 4), (node1, 2), ...]; validated."""
+    if default_slots < 1:
+        raise DsclusterError(f"--slots {default_slots} is out of range; use 1 or more")
+    entries: list[tuple[str, int]] = []
+    for part in split_top_level(text or ""):
+        if not part:
+            raise DsclusterError(
+                f"host list {text!r} has an empty entry; separate hosts with single commas"
+            )
+        pattern, slots = part, default_slots
+        if m := SLOTS_SUFFIX_RE.match(part):
+            pattern, slots = m["hosts"], int(m["slots"])
+        entries.extend((host, slots) for host in expand(pattern))
+    check_hosts(entries)
+    return entries
+
+
+def order_head(entries: list[tuple[str, int]], head: str | None) -> list[tuple[str, int]]:
+    """Put --head first (the others keep their order); default: the first host."""
+    if head is None:
+        return entries
+    hosts = [h for h, _ in entries]
+    if head not in hosts:
+        raise DsclusterError(
+            f"--head {head} is not in the host list ({_short(hosts)}); pass one of the listed hosts"
+        )
+    i = hosts.index(head)
+    return [entries[i], *entries[:i], *entries[i + 1 :]]
+
+
+def _short(hosts: Sequence[str]) -> str:
+    return hostlist.collect_hostlist(list(hosts)) if len(hosts) > 3 else ", ".join(hosts)
+
+
+def ssh_vars(
+    user: str | None = None, key_file: str | None = None, known_hosts: str | None = None
+) -> dict[str, Any]:
+    """Connection variables: host key checking always on, known_hosts where given."""
+    result: dict[str, Any] = {}
+    if user:
+        result["ansible_user"] = user
+    if key_file:
+        result["ansible_ssh_private_key_file"] = str(pathlib.Path(key_file).expanduser())
+    args = "-o StrictHostKeyChecking=yes"
+    if known_hosts:
+        path = pathlib.Path(known_hosts).expanduser()
+        if not path.is_file():
+            raise DsclusterError(
+                f"--known-hosts {known_hosts} is not a file; point it at a known_hosts that "
+                "holds these machines' host keys"
+            )
+        args = f"-o UserKnownHostsFile={path.resolve()} {args}"
+    result["ansible_ssh_common_args"] = args
+    return result
+
+
+def inventory_data(spec: ClusterSpec) -> dict[str, Any]:
+    """The hosts.yml mapping: all.vars, head (one host), workers (the rest)."""
+
+    def host_vars(host: str, slots: int) -> dict[str, Any]:
+        hv: dict[str, Any] = {}
+        if spec.ansible_host:
+            hv["ansible_host"] = host
+        hv["dscluster_expected_slots"] = slots
+        if spec.cpu_slots:
+            hv["dscluster_cpu_slots"] = slots
+        return hv
+
+    check_hosts(spec.entries)
+    (head, head_slots), rest = spec.entries[0], spec.entries[1:]
+    all_vars = {
+        "dscluster_cluster_name": spec.name,
+        "dscluster_source": spec.source,
+        **spec.all_vars,
+    }
+    return {
+        "all": {
+            "vars": all_vars,
+            "children": {
+                "head": {"hosts": {head: host_vars(head, head_slots)}},
+                "workers": {"hosts": {h: host_vars(h, s) for h, s in rest}},
+            },
+        }
+    }
+
+
+def default_out(name: str) -> pathlib.Path:
+    return project_root() / "inventories" / name
+
+
+def write_cluster(spec: ClusterSpec, out: pathlib.Path, header: str) -> tuple[pathlib.Path, ...]:
+    """Render hosts.yml and hostfile, then write both atomically (nothing on any error)."""
+    data = inventory_data(spec)
+    hostfile_text = render_hostfile(spec.entries)
+    hosts_yml = write_hosts_yml(out, data, header)
+    hostfile = out / "hostfile"
+    atomic_write(hostfile, hostfile_text)
+    return hosts_yml, hostfile
+
+
+def cmd_inventory_static(args: argparse.Namespace, out: Console, err: Console) -> int:
+    check_name(args.name)
+    entries = order_head(parse_hosts(args.hosts, args.slots), args.head)
+    spec = ClusterSpec(
+        name=args.name,
+        source="static",
+        entries=entries,
+        all_vars=ssh_vars(args.user, args.key_file, args.known_hosts),
+        cpu_slots=True,
+        ansible_host=True,
+    )
+    target = pathlib.Path(args.out) if args.out else default_out(args.name)
+    header = (
+        "---\n"
+        f"# Written by `dscluster inventory static --hosts {args.hosts}`: {len(entries)} hosts,\n"
+        f"# head {entries[0][0]}. Edit freely; inventories/sample/ documents every variable.\n"
+        "# Host keys are checked (StrictHostKeyChecking=yes): the controller's known_hosts (or\n"
+        "# --known-hosts FILE) must already hold them.\n"
+    )
+    hosts_yml, hostfile = write_cluster(spec, target, header)
+    total = sum(s for _, s in entries)
+    out.print(f"wrote {hosts_yml} ({len(entries)} hosts, head {entries[0][0]})")
+    out.print(f"wrote {hostfile} ({total} slots)")
+    return 0
+
+
+def add_ssh_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--user", help="SSH user Ansible logs in as (ansible_user)")
+    p.add_argument("--key-file", help="SSH private key (ansible_ssh_private_key_file)")
+    p.add_argument(
+        "--known-hosts",
+        help="known_hosts holding the nodes' host keys (UserKnownHostsFile); checking stays on",
+    )
+
+
+def add_inventory_parser(isub: Any) -> None:
+    """Add `static` to the subparsers of `dscluster inventory`."""
+    p = isub.add_parser("static", help="an inventory from a plain host list (a,b,c or node[1-4])")
+    p.add_argument(
+        "--hosts",
+        required=True,
+        help="comma-separated hosts, head first: name, name:slots or prefix[01-16]",
+    )
+    p.add_argument("--head", help="the head host (default: the first one listed)")
+    p.add_argument("--slots", type=int, default=1, help="slots per host without :N (default 1)")
+    p.add_argument("--name", default="static", help="inventory name (default static)")
+    p.add_argument("--out", help="directory to write (default inventories/<name>)")
+    add_ssh_arguments(p)
+    p.set_defaults(func=cmd_inventory_static)
