@@ -1,13 +1,13 @@
-"""`dscluster smoke`: a real DeepSpeed job across every slot, checked and reported."""
+"""`dscluster smoke`: a real DeepSpeed job across every slot, checked and reported.
+
+The job goes through `dscluster launch`'s path (launch.py, playbooks/smoke.yml = launch.yml)
+with any of its launchers: deepspeed (pdsh), torchrun (c10d) or mpi (mpirun).
+"""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import pathlib
-import re
-import shutil
-import tempfile
 from importlib import resources
 from typing import Any
 
@@ -17,41 +17,30 @@ from rich.table import Table
 from .errors import DsclusterError
 from .hostfile import write_launch_files
 from .inventory import Inventory
-from .runner import run_playbook
-from .util import atomic_write, cache_dir
+from .launch import (
+    DEFAULT_MASTER_PORT,
+    LAUNCH_TIME,
+    add_launcher_option,
+    lost_nodes,
+    new_run_id,
+    plan_for,
+    run_job,
+)
+from .util import atomic_write
 
-# pdsh reports a node it could not reach or whose remote command died:
-#   "pdsh@head: node3: ssh exited with exit code 255"
-PDSH_EXIT_RE = re.compile(r"^pdsh@\S+: (?P<host>[^:\s]+): ssh exited with exit code (?P<code>\d+)")
-# ... and prefixes every remote line with "node: "; DeepSpeed's per-node launcher says
-#   "node2: [...] [ERROR] [launch.py:...] ... exits with return code = -9"
-RANK_EXIT_RE = re.compile(r"^(?P<host>[^:\s]+): .*exits with return code = (?P<code>-?\d+)")
-SSH_ERROR_RE = re.compile(r"^(?P<host>[^:\s]+): ssh: (?P<msg>.+)$")
-
-
-def lost_nodes(log_lines: list[str]) -> dict[str, str]:
-    """Nodes the launcher log shows lost, with why, in the order the log shows them.
-
-    Nodes pdsh could not reach (ssh failures, pdsh's exit 255) are the cause when present;
-    ranks elsewhere that then fail at rendezvous or in a collective are not blamed. Otherwise
-    the nodes whose ranks exited non-zero, the first one first.
-    """
-    unreachable: dict[str, str] = {}
-    ranks: dict[str, str] = {}
-    for line in log_lines:
-        if m := SSH_ERROR_RE.match(line):
-            unreachable[m["host"]] = f"ssh: {m['msg']}"
-        elif (m := PDSH_EXIT_RE.match(line)) and m["code"] == "255":
-            unreachable.setdefault(m["host"], "ssh exited with code 255")
-        elif m := RANK_EXIT_RE.match(line):
-            ranks.setdefault(m["host"], f"a rank exited with code {m['code']}")
-        elif m := PDSH_EXIT_RE.match(line):
-            ranks.setdefault(m["host"], f"remote command exited with code {m['code']}")
-    return unreachable or ranks
+__all__ = ["add_smoke_options", "bandwidth_table", "lost_nodes", "rank_table", "run_smoke"]
 
 
 def job_source() -> pathlib.Path:
     return pathlib.Path(str(resources.files("dscluster.jobs") / "smoke_job.py"))
+
+
+def add_smoke_options(parser) -> None:
+    """The options `dscluster smoke` takes beyond those cli.py gives it (--launcher)."""
+    add_launcher_option(parser)
+    parser.add_argument(
+        "--master-port", type=int, default=DEFAULT_MASTER_PORT, help="rendezvous port on the head"
+    )
 
 
 def run_smoke(
@@ -61,9 +50,11 @@ def run_smoke(
     steps: int = 30,
     timeout: int = 600,
     dist_timeout: int = 120,
+    launcher: str = "deepspeed",
+    master_port: int = DEFAULT_MASTER_PORT,
     console: Console | None = None,
 ) -> tuple[dict[str, Any], pathlib.Path]:
-    """Stage the job on the head, launch it with the deepspeed launcher (pdsh), fetch the
+    """Stage the job on the head, launch it across every slot with `launcher`, fetch the
     report. Returns (report, report path); raises DsclusterError when the job failed."""
     console = console or Console(stderr=True)
     if zero not in (0, 1, 2, 3):
@@ -71,58 +62,47 @@ def run_smoke(
     files = write_launch_files(inv)
     for warning in files.warnings:
         console.print(f"warning: {warning}", markup=False, highlight=False)
-    run_id = dt.datetime.now(dt.UTC).strftime("smoke-%Y%m%dT%H%M%S")
-    stage = pathlib.Path(tempfile.mkdtemp(prefix="smoke-", dir=cache_dir()))
-    try:
-        shutil.copy(job_source(), stage / "smoke_job.py")
-        shutil.copy(files.hostfile, stage / "hostfile")
-        shutil.copy(files.env_file, stage / ".deepspeed_env")
-        fetch = stage / "fetched"
-        fetch.mkdir()
-        console.print(
-            f"smoke: {len(files.facts)} nodes, {files.world_size} ranks, ZeRO-{zero}, "
-            f"head {inv.head}, run {run_id}"
-        )
-        result = run_playbook(
-            "smoke.yml",
-            inv,
-            extravars={
-                "smoke_stage_dir": str(stage),
-                "smoke_fetch_dir": str(fetch),
-                "smoke_run_id": run_id,
-                "smoke_venv": files.facts[0].venv,  # the head's, as recorded
-                "smoke_zero": zero,
-                "smoke_steps": steps,
-                "smoke_timeout": timeout,
-                "smoke_dist_timeout": dist_timeout,
-            },
-            timeout=timeout + 180,
-            console=console,
-        )
-        report_file = fetch / "report.json"
-        log_file = fetch / "launcher.log"
-        report: dict[str, Any]
-        if report_file.is_file():
-            report = json.loads(report_file.read_text())
-        else:
-            report = {"ok": False, "checks": {"report_written": False}, "ranks": []}
-        if report.get("world_size") not in (None, files.world_size):
-            report["ok"] = False  # fewer ranks joined than the hostfile has slots
-        report["run_id"] = run_id
-        report["hostfile"] = files.hostfile.read_text().splitlines()
-        report["expected_world_size"] = files.world_size
-        report["launcher_rc"] = result.rc
-        if log_file.is_file():
-            log_lines = log_file.read_text().splitlines()
-            report["launcher_log_tail"] = log_lines[-40:]
-            report["lost_nodes"] = lost_nodes(log_lines)
-        out = inv.directory / "reports" / f"{run_id}.json"
-        atomic_write(out, json.dumps(report, indent=2, sort_keys=True) + "\n")
-        atomic_write(inv.directory / "reports" / "smoke-latest.json", out.read_text())
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+    run_id = new_run_id("smoke")
+    program = ["smoke_job.py", "--zero", str(zero), "--steps", str(steps)]
+    program += ["--report", "report.json", "--dist-timeout", str(dist_timeout)]
+    program += ["--launch-time", LAUNCH_TIME]
+    plan = plan_for(
+        inv, files, launcher=launcher, run_id=run_id, program=program, master_port=master_port
+    )
+    console.print(
+        f"smoke: {len(files.facts)} nodes, {files.world_size} ranks, ZeRO-{zero}, "
+        f"launcher {launcher}, head {inv.head}, run {run_id}"
+    )
+    result = run_job(
+        inv,
+        plan,
+        stage_files={"smoke_job.py": job_source()},
+        fetch=["report.json"],
+        timeout=timeout,
+        console=console,
+        playbook="smoke.yml",
+    )
+    report: dict[str, Any]
+    if "report.json" in result.fetched:
+        report = json.loads(result.fetched["report.json"])
+    else:
+        report = {"ok": False, "checks": {"report_written": False}, "ranks": []}
+    if report.get("world_size") not in (None, files.world_size):
+        report["ok"] = False  # fewer ranks joined than the hostfile has slots
+    report["run_id"] = run_id
+    report["launcher"] = launcher
+    report["hostfile"] = files.hostfile.read_text().splitlines()
+    report["expected_world_size"] = files.world_size
+    report["launcher_rc"] = result.rc
+    report["launcher_log"] = str(result.log_path)
+    if result.log_lines:
+        report["launcher_log_tail"] = result.log_lines[-40:]
+        report["lost_nodes"] = lost_nodes(result.log_lines, plan.rank_hosts)
+    out = inv.directory / "reports" / f"{run_id}.json"
+    atomic_write(out, json.dumps(report, indent=2, sort_keys=True) + "\n")
+    atomic_write(inv.directory / "reports" / "smoke-latest.json", out.read_text())
     if not report.get("ok") or result.rc != 0:
-        raise DsclusterError(_failure_line(report, result.failures, out))
+        raise DsclusterError(_failure_line(report, result.playbook.failures, out))
     return report, out
 
 
@@ -152,7 +132,8 @@ def _failure_line(
 def rank_table(report: dict[str, Any]) -> Table:
     table = Table(
         title=(
-            f"smoke {report.get('run_id', '')}: ZeRO-{report.get('zero_stage', '?')}, "
+            f"smoke {report.get('run_id', '')} ({report.get('launcher', 'deepspeed')}): "
+            f"ZeRO-{report.get('zero_stage', '?')}, "
             f"{report.get('world_size', '?')} ranks, backend {report.get('backend', '?')}, "
             f"torch {report.get('torch', '?')}, deepspeed {report.get('deepspeed', '?')}"
         ),
