@@ -7,6 +7,14 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DSC := $(BIN)/dscluster
 INV ?= local
+# The cluster tag for INV=aws (instances tagged dscluster:cluster=$(CLUSTER)); extra flags
+# for the inventory commands, e.g. AWS_ARGS='--region us-west-2 --profile prod'.
+CLUSTER ?= dscluster
+# `make test` runs unit and molecule with this prefix, so the end-to-end track (the longest)
+# gets the CPU first.
+NICE ?=
+AWS_ARGS ?=
+SLURM_ARGS ?=
 NODES ?= 3
 ZERO ?= 2
 export DSCLUSTER_HOME := $(CURDIR)
@@ -17,8 +25,10 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 # Python that roles ship to nodes (detectors, recorders): linted like python/.
 ROLE_PY = $(wildcard roles/*/files/*.py roles/*/files/*.fact)
 
-# An inventory name (local, or a directory under inventories/) or a path.
-INV_PATH = $(if $(wildcard $(INV)/hosts.yml)$(wildcard $(INV)),$(INV),inventories/$(INV))
+# Where named inventories live (inventories/<name>/hosts.yml).
+INVENTORIES ?= inventories
+# An inventory name (local, aws, slurm, or a directory under $(INVENTORIES)/) or a path.
+INV_PATH = $(if $(wildcard $(INV)/hosts.yml)$(wildcard $(INV)),$(INV),$(INVENTORIES)/$(INV))
 
 .PHONY: help
 help: ## List the targets
@@ -49,8 +59,13 @@ demo: images ## Local 3-node cluster, provisioned, hostfile, smoke test (ZeRO-2)
 	$(DSC) smoke -i inventories/local --zero $(ZERO)
 
 .PHONY: provision
-provision: images ## Inventory -> site.yml -> hostfile -> smoke (INV=local or a path)
-	@if [ "$(INV)" = "local" ]; then $(DSC) local up --name local --nodes $(NODES); fi
+provision: venv ## Inventory -> site.yml -> hostfile -> smoke; INV=local|aws|slurm|<name>|<path>
+	@case "$(INV)" in \
+	  local) $(MAKE) --no-print-directory images && \
+	         $(DSC) local up --name local --nodes $(NODES) ;; \
+	  aws)   $(DSC) inventory aws --cluster $(CLUSTER) --out $(INVENTORIES)/aws $(AWS_ARGS) ;; \
+	  slurm) $(DSC) inventory slurm --name slurm --out $(INVENTORIES)/slurm $(SLURM_ARGS) ;; \
+	esac
 	$(DSC) provision -i $(INV_PATH)
 	$(DSC) hostfile -i $(INV_PATH)
 	$(DSC) smoke -i $(INV_PATH) --zero $(ZERO)
@@ -71,11 +86,11 @@ lint: venv ## ruff, yamllint, ansible-lint (production), argument_specs vs defau
 
 .PHONY: unit
 unit: venv ## Python unit tests (no Docker)
-	bash scripts/pytest.sh -m "not docker"
+	$(NICE) bash scripts/pytest.sh -m "not docker"
 
 .PHONY: e2e
 e2e: images ## End-to-end test: local cluster, provision, hostfile, smoke, DeepSpeed parsers
-	bash scripts/pytest.sh -m docker
+	bash scripts/pytest.sh -m docker --durations=25
 
 .PHONY: molecule
 molecule: images ## Both molecule scenarios, side by side (each one's output printed when it ends)
@@ -84,14 +99,14 @@ molecule: images ## Both molecule scenarios, side by side (each one's output pri
 .PHONY: molecule-cluster
 molecule-cluster: images ## molecule test -s cluster (head + 1 worker, converge = site.yml)
 	@docker volume rm -f dsc-mol-shared >/dev/null 2>&1 || true  # a volume left by an earlier run
-	DSCLUSTER_NODE_IMAGE=$$($(DSC) image) $(BIN)/molecule test -s cluster; \
+	DSCLUSTER_NODE_IMAGE=$$($(DSC) image) $(NICE) $(BIN)/molecule test -s cluster; \
 	  rc=$$?; docker volume rm -f dsc-mol-shared >/dev/null 2>&1; exit $$rc
 
 .PHONY: molecule-accelerators
 molecule-accelerators: images ## molecule test -s accelerators (NVIDIA/CUDA/Gaudi/EFA/NCCL roles vs stand-in vendor repos)
 	DSCLUSTER_NODE_IMAGE=$$($(DSC) image) \
 	DSCLUSTER_STANDIN_IMAGE=$$(bash molecule/accelerators/standin/image.sh) \
-	  $(BIN)/molecule test -s accelerators
+	  $(NICE) $(BIN)/molecule test -s accelerators
 
 .PHONY: training-image
 training-image: venv engine ## Multi-node training image from a wheelhouse (VARIANT=cpu|cuda|gaudi WHEELHOUSE=dir)
@@ -99,7 +114,9 @@ training-image: venv engine ## Multi-node training image from a wheelhouse (VARI
 	bash docker/training/build.sh $(or $(VARIANT),cpu) $(WHEELHOUSE)
 
 .PHONY: test
-test: lint unit molecule e2e ## Everything: lint, unit, molecule cluster scenario, end-to-end
+test: lint images ## Everything: lint, then unit, both molecule scenarios and e2e side by side
+	@$(MAKE) --no-print-directory -j4 --output-sync=target unit molecule-cluster molecule-accelerators e2e \
+	  NICE="nice -n 10"
 
 .PHONY: bench
 bench: images ## Timings: demo cold vs warm, re-converge, job start with/without pre-built ops

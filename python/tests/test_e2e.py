@@ -4,47 +4,15 @@ parsers on the head -> smoke job across every slot. Slow; needs a Docker engine.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import subprocess
-import sys
 import time
 
 import pytest
 import yaml
 
+from .e2e_cluster import NAME, NODES, docker, dsc
+
 pytestmark = pytest.mark.docker
-
-NAME = os.environ.get("DSCLUSTER_E2E_NAME", "e2e")
-NODES = 3
-
-
-def dsc(*args: str, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dscluster", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def docker(*args: str) -> str:
-    return subprocess.run(
-        ["docker", *args], capture_output=True, text=True, check=True, timeout=300
-    ).stdout
-
-
-@pytest.fixture(scope="module")
-def cluster() -> pathlib.Path:
-    dsc("local", "down", "--name", NAME)  # clear what an earlier run may have left
-    up = dsc("local", "up", "--name", NAME, "--nodes", str(NODES))
-    assert up.returncode == 0, up.stderr
-    inv = pathlib.Path(up.stdout.split("inventory ")[-1].strip()).parent
-    yield inv
-    down = dsc("local", "down", "--name", NAME)
-    assert down.returncode == 0, down.stderr
-    assert docker("ps", "-a", "-q", "--filter", f"label=dscluster.cluster={NAME}") == ""
 
 
 def container_ids() -> list[str]:
@@ -146,18 +114,13 @@ def test_smoke_zero2_across_every_slot(cluster: pathlib.Path):
     assert time.monotonic() - started < 900
 
 
-def test_smoke_zero3(cluster: pathlib.Path):
-    proc = dsc("smoke", "-i", str(cluster), "--zero", "3", "--steps", "10", timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "smoke test passed: 3 ranks" in proc.stdout
-
-
+@pytest.mark.disruptive
 def test_smoke_with_a_stopped_worker_ends_bounded_and_names_it(cluster: pathlib.Path):
     lost = f"{NAME}-n{NODES}"
     docker("stop", f"dsc-{NAME}-n{NODES}")
     try:
         started = time.monotonic()
-        proc = dsc("smoke", "-i", str(cluster), "--timeout", "90", timeout=600)
+        proc = dsc("smoke", "-i", str(cluster), "--timeout", "45", timeout=600)
         took = time.monotonic() - started
     finally:
         docker("start", f"dsc-{NAME}-n{NODES}")

@@ -72,6 +72,8 @@ def cmd_smoke(args: argparse.Namespace, out: Console, err: Console) -> int:
         zero=args.zero,
         steps=args.steps,
         timeout=args.timeout,
+        launcher=args.launcher,
+        master_port=args.master_port,
         console=err,
     )
     if args.json:
@@ -135,7 +137,26 @@ def build_parser() -> argparse.ArgumentParser:
     smoke.add_argument("--steps", type=int, default=30)
     smoke.add_argument("--timeout", type=int, default=600, help="seconds before the job is cut")
     smoke.add_argument("--json", action="store_true", help="print the report as JSON")
+    from . import launch  # noqa: PLC0415
+    from .smoke import add_smoke_options  # noqa: PLC0415
+
+    add_smoke_options(smoke)
     smoke.set_defaults(func=cmd_smoke)
+    launch.add_parsers(sub, add_inventory)
+
+    # Inventory sources: each writes inventories/<name>/hosts.yml (+ a hostfile of the slots
+    # the source expects), the same place `local up` writes to.
+    from . import aws, slurm, static  # noqa: PLC0415
+
+    inventory = sub.add_parser(
+        "inventory", help="write an inventory from AWS, Slurm or a host list"
+    )
+    isub = inventory.add_subparsers(dest="inventory_command", required=True)
+    aws.add_inventory_parser(isub)
+    slurm.add_inventory_parser(isub)
+    static.add_inventory_parser(isub)
+    aws.add_parsers(sub, add_inventory)
+    slurm.add_parsers(sub, add_inventory)
     return parser
 
 
