@@ -19,6 +19,7 @@ from typing import Any
 from rich.console import Console
 
 from .errors import DsclusterError
+from .util import print_warnings
 
 CLUSTER_TAG = "dscluster:cluster"
 ROLE_TAG = "dscluster:role"
@@ -155,8 +156,7 @@ def cmd_inventory_aws(args: argparse.Namespace, out: Console, err: Console) -> i
         cpu_slots=args.cpu_slots,
         console_keys=args.console_keys,
     )
-    for warning in result.warnings:
-        err.print(f"warning: {warning}", markup=False, highlight=False)
+    print_warnings(err, result.warnings)
     out.print(aws_inventory.summary_table(result))
     out.print(
         f"wrote {result.hosts_yml} and {result.hostfile}: {len(result.nodes)} hosts, "

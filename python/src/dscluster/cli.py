@@ -14,6 +14,7 @@ from rich.console import Console
 
 from . import __version__
 from .errors import DsclusterError
+from .util import print_warnings
 
 
 def _inventory(value: str):
@@ -59,8 +60,7 @@ def cmd_hostfile(args: argparse.Namespace, out: Console, err: Console) -> int:
     files = write_launch_files(_inventory(args.inventory))
     out.print(f"wrote {files.hostfile} ({files.world_size} slots on {len(files.facts)} hosts)")
     out.print(f"wrote {files.env_file}")
-    for warning in files.warnings:
-        err.print(f"warning: {warning}", markup=False, highlight=False)
+    print_warnings(err, files.warnings)
     return 0
 
 

@@ -163,6 +163,23 @@ def render_env(env: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def parse_env_file(text: str, source: str) -> dict[str, str]:
+    """A `.deepspeed_env` as DeepSpeed reads it: `KEY=VALUE` per line, split once on `=`,
+    key and value stripped; anything else is refused with the line number."""
+    env: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if "=" not in line:
+            raise DsclusterError(
+                f"{source} line {number} is not KEY=VALUE (DeepSpeed would fail on it); fix it "
+                "or rewrite it with 'dscluster hostfile'"
+            )
+        key, value = line.split("=", 1)
+        key, value = key.strip(), value.strip()
+        check_env_value(key, value)
+        env[key] = value
+    return env
+
+
 def _one_path(facts: list[NodeFacts], field: str, variable: str) -> str:
     """A path every node recorded alike; the pdsh launcher exports one value to all."""
     paths = {getattr(f, field) for f in facts}

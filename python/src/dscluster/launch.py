@@ -27,10 +27,16 @@ from collections.abc import Mapping, Sequence
 from rich.console import Console
 
 from .errors import DsclusterError
-from .hostfile import SYSTEM_PATH, LaunchFiles, render_hostfile, write_launch_files
+from .hostfile import (
+    SYSTEM_PATH,
+    LaunchFiles,
+    parse_env_file,
+    render_hostfile,
+    write_launch_files,
+)
 from .inventory import Inventory
 from .runner import PlaybookResult, run_playbook
-from .util import atomic_write, cache_dir
+from .util import atomic_write, cache_dir, print_warnings
 
 LAUNCHERS = ("deepspeed", "torchrun", "mpi")
 DEFAULT_MASTER_PORT = 29500
@@ -207,15 +213,6 @@ def select_resources(
 def render_mpi_hostfile(resources: Mapping[str, Sequence[int]]) -> str:
     """OpenMPI's hostfile format: `host slots=N`, one line per selected host."""
     return render_hostfile((host, len(slots)) for host, slots in resources.items())
-
-
-def parse_env_file(text: str) -> dict[str, str]:
-    """`.deepspeed_env` lines (KEY=VALUE, as hostfile.render_env writes them) as a dict."""
-    env = {}
-    for line in text.splitlines():
-        key, _, value = line.partition("=")
-        env[key] = value
-    return env
 
 
 def check_deepspeed_args(program: Sequence[str]) -> None:
@@ -463,7 +460,7 @@ def build_plan(
     )
     # As DeepSpeed: the first selected host (the head unless filtered out) is the master.
     master = next(iter(resources))
-    env = parse_env_file(env_text)
+    env = parse_env_file(env_text, ".deepspeed_env")
     files: dict[str, tuple[str, str]] = {"hostfile": (hostfile_text, "0644")}
     files[".deepspeed_env"] = (env_text, "0644")
     if launcher == "deepspeed":
@@ -706,8 +703,7 @@ def launch(
     out = out or Console()
     console = console or Console(stderr=True)
     files = write_launch_files(inv)
-    for warning in files.warnings:
-        console.print(f"warning: {warning}", markup=False, highlight=False)
+    print_warnings(console, files.warnings)
     program, stage_files = program_for(script, args, stage=stage)
     plan = plan_for(
         inv,

@@ -39,7 +39,7 @@ from rich.console import Console
 
 from . import static
 from .errors import DsclusterError
-from .hostfile import SYSTEM_PATH, check_env_value, render_env
+from .hostfile import SYSTEM_PATH, check_env_value, parse_env_file, render_env
 from .util import atomic_write
 
 MODES = ("deepspeed", "torchrun", "srun")
@@ -300,23 +300,6 @@ class SbatchOptions:
     port: int = DEFAULT_PORT
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # from .deepspeed_env
     origin: str = "dscluster sbatch"  # the command line, for the header comment
-
-
-def parse_env_file(text: str, source: str) -> dict[str, str]:
-    """A `.deepspeed_env` as DeepSpeed reads it: `KEY=VALUE` per line, split once on `=`,
-    key and value stripped; anything else is refused with the line number."""
-    env: dict[str, str] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
-        if "=" not in line:
-            raise DsclusterError(
-                f"{source} line {number} is not KEY=VALUE (DeepSpeed would fail on it); fix it "
-                "or rewrite it with 'dscluster hostfile'"
-            )
-        key, value = line.split("=", 1)
-        key, value = key.strip(), value.strip()
-        check_env_value(key, value)
-        env[key] = value
-    return env
 
 
 def _check_value(flag: str, value: str | None) -> None:

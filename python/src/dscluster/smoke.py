@@ -26,7 +26,7 @@ from .launch import (
     plan_for,
     run_job,
 )
-from .util import atomic_write
+from .util import atomic_write, print_warnings
 
 __all__ = ["add_smoke_options", "bandwidth_table", "lost_nodes", "rank_table", "run_smoke"]
 
@@ -60,8 +60,7 @@ def run_smoke(
     if zero not in (0, 1, 2, 3):
         raise DsclusterError(f"--zero {zero} is not a ZeRO stage; use 1, 2 or 3")
     files = write_launch_files(inv)
-    for warning in files.warnings:
-        console.print(f"warning: {warning}", markup=False, highlight=False)
+    print_warnings(console, files.warnings)
     run_id = new_run_id("smoke")
     program = ["smoke_job.py", "--zero", str(zero), "--steps", str(steps)]
     program += ["--report", "report.json", "--dist-timeout", str(dist_timeout)]

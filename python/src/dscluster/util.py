@@ -29,6 +29,12 @@ def atomic_write(path: pathlib.Path, text: str, mode: int = 0o644) -> None:
         raise
 
 
+def print_warnings(console, warnings: Sequence[str]) -> None:
+    """Each warning as one plain `warning: ...` line on the given rich Console."""
+    for warning in warnings:
+        console.print(f"warning: {warning}", markup=False, highlight=False)
+
+
 def project_root() -> pathlib.Path:
     """The checkout holding playbooks/ and roles/ (DSCLUSTER_HOME overrides)."""
     env = os.environ.get("DSCLUSTER_HOME")
