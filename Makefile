@@ -70,6 +70,10 @@ provision: venv ## Inventory -> site.yml -> hostfile -> smoke; INV=local|aws|slu
 	$(DSC) hostfile -i $(INV_PATH)
 	$(DSC) smoke -i $(INV_PATH) --zero $(ZERO)
 
+.PHONY: doctor
+doctor: venv ## Check every node and pair of nodes (SSH, ports, versions, shm, memlock...); INV=local|<name>|<path>
+	$(DSC) doctor -i $(INV_PATH)
+
 .PHONY: down
 down: venv ## Remove the local cluster (containers, network, volume, inventory, keys)
 	$(DSC) local down --name local

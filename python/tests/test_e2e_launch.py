@@ -42,7 +42,7 @@ def ranks_reported(stdout: str) -> list[dict]:
 @pytest.mark.parametrize(("launcher", "zero"), [("torchrun", 3), ("mpi", 1)])
 def test_smoke_with_launcher_across_every_slot(cluster: pathlib.Path, launcher: str, zero: int):
     proc = dsc(
-        "smoke", "-i", str(cluster), "--launcher", launcher, "--master-port", PORT,
+        "smoke", "-i", str(cluster), "--launcher", launcher, "--master-port", PORT, "--no-doctor",
         "--zero", str(zero), "--steps", "10", timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -69,7 +69,7 @@ def test_launch_user_script_with_exclude(cluster: pathlib.Path, tmp_path: pathli
     # torchrun and mpi pass any argument exactly; DeepSpeed's pdsh runner only spaces
     odd = "it's $HOME; 50%n" if launcher != "deepspeed" else "two words"
     proc = dsc(
-        "launch", "-i", str(cluster), "--launcher", launcher, "--exclude", left_out,
+        "launch", "-i", str(cluster), "--launcher", launcher, "--exclude", left_out, "--no-doctor",
         "--master-port", PORT, "--timeout", "120", "--", str(script), "--tag", odd, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -86,7 +86,7 @@ def test_launch_exits_with_the_jobs_status_naming_the_node(cluster: pathlib.Path
     script = tmp_path / "who_am_i.py"
     script.write_text(WHO_AM_I)
     proc = dsc(
-        "launch", "-i", str(cluster), "--launcher", "mpi", "--timeout", "120",
+        "launch", "-i", str(cluster), "--launcher", "mpi", "--timeout", "120", "--no-doctor",
         "--master-port", PORT, "--", str(script), "--fail-on", HOSTS[2], timeout=300,
     )  # fmt: skip
     assert proc.returncode == 3  # the job's own status

@@ -331,3 +331,151 @@ def test_malformed_nccl_env_fact_is_an_error(inventory_dir: pathlib.Path):
     write_facts(inventory_dir / "facts", "node-a", kind="cuda", count=4, nccl_env=["eth0"])
     with pytest.raises(DsclusterError, match="recorded facts of node-a are incomplete"):
         hostfile.write_launch_files(inventory.load(inventory_dir))
+
+
+# ---- degraded clusters: nodes left out after `provision --allow-degraded` -----------------
+
+
+def test_update_degraded_records_failures_and_clears_successes():
+    before = {"node-b": {"reason": "unreachable", "since": "T0"}}
+    after = hostfile.update_degraded(
+        before, failed={"node-c": "failed at 'x'"}, succeeded=["node-a"], now="T1"
+    )
+    assert after == {
+        "node-b": {"reason": "unreachable", "since": "T0"},  # not run on: kept as it was
+        "node-c": {"reason": "failed at 'x'", "since": "T1"},
+    }
+    again = hostfile.update_degraded(after, failed={"node-b": "still down"}, succeeded=[], now="T2")
+    assert again["node-b"] == {"reason": "still down", "since": "T0"}  # first failure kept
+    assert (
+        hostfile.update_degraded(after, failed={}, succeeded=["node-b", "node-c"], now="T3") == {}
+    )
+    assert before == {"node-b": {"reason": "unreachable", "since": "T0"}}  # input untouched
+
+
+def test_degraded_record_leaves_nodes_out_with_a_warning(inventory_dir: pathlib.Path):
+    inv = inventory.load(inventory_dir)
+    (inventory_dir / "facts" / "node-b.json").unlink()  # an excluded node needs no facts
+    hostfile.write_degraded(inv, {"node-b": {"reason": "unreachable", "since": "T0"}})
+    files = hostfile.write_launch_files(inv)
+    assert files.hostfile.read_text() == "node-a slots=4\nnode-c slots=2\n"
+    assert [f.host for f in files.facts] == ["node-a", "node-c"]
+    warning = files.warnings[0]
+    assert warning.startswith("degraded cluster: node-b left out of the hostfile")
+    assert "node-b: unreachable" in warning and "dscluster provision -i" in warning
+    # an empty record removes the file, and the next hostfile has every node again
+    write_facts(inventory_dir / "facts", "node-b", kind="cuda", count=2)
+    hostfile.write_degraded(inv, {})
+    assert not (inventory_dir / "degraded.json").exists()
+    files = hostfile.write_launch_files(inv)
+    assert files.hostfile.read_text().splitlines()[1] == "node-b slots=2"
+    assert files.warnings == []
+
+
+def test_degraded_head_or_every_node_is_refused_and_nothing_written(inventory_dir: pathlib.Path):
+    inv = inventory.load(inventory_dir)
+    with pytest.raises(DsclusterError, match=r"the head node-a failed .*cannot be left out"):
+        hostfile.write_launch_files(inv, excluded={"node-a": {"reason": "down"}})
+    with pytest.raises(DsclusterError, match="every node failed"):
+        hostfile.check_degraded(["a", "b"], "x", {"a": "down", "b": "down"})
+    assert not (inventory_dir / "hostfile").exists()
+
+
+def test_broken_degraded_record_is_an_error(inventory_dir: pathlib.Path):
+    (inventory_dir / "degraded.json").write_text('{"excluded": ["node-b"]}')
+    with pytest.raises(DsclusterError, match=r"degraded\.json is not a degraded-nodes record"):
+        hostfile.write_launch_files(inventory.load(inventory_dir))
+
+
+# ---- `dscluster provision`: what it writes after a run, given the run's per-host outcome ---
+
+
+def run_provision(monkeypatch, inv_dir: pathlib.Path, result, *flags: str):
+    """cmd_provision with the playbook run replaced by its outcome (the e2e runs it for real)."""
+    from dscluster import cli, runner  # noqa: PLC0415
+
+    monkeypatch.setattr(runner, "run_playbook", lambda *a, **kw: result)
+    return cli.main(["provision", "-i", str(inv_dir), *flags])
+
+
+def outcome(**failed: str):
+    from dscluster.runner import HostSummary, PlaybookResult  # noqa: PLC0415
+
+    hosts = {h: HostSummary(ok=5) for h in ("node-a", "node-b", "node-c")}
+    failures = []
+    for host, task in failed.items():
+        hosts[host.replace("_", "-")] = HostSummary(ok=1, unreachable=1)
+        failures.append((host.replace("_", "-"), task, "Failed to connect to the host via ssh"))
+    return PlaybookResult(
+        status="failed" if failed else "successful",
+        rc=2 if failed else 0,
+        hosts=hosts,
+        failures=failures,
+    )
+
+
+def test_provision_failure_names_the_node_and_leaves_launch_files(
+    monkeypatch, capsys, inventory_dir: pathlib.Path
+):
+    (inventory_dir / "hostfile").write_bytes(b"old slots=1\n")
+    (inventory_dir / ".deepspeed_env").write_bytes(b"PATH=/old\n")
+    rc = run_provision(monkeypatch, inventory_dir, outcome(node_c="Gathering Facts"))
+    assert rc == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("dscluster: error: provisioning (site.yml) failed on node-c: ")
+    assert "hostfile and .deepspeed_env left unchanged" in line and "--allow-degraded" in line
+    assert (inventory_dir / "hostfile").read_bytes() == b"old slots=1\n"
+    assert (inventory_dir / ".deepspeed_env").read_bytes() == b"PATH=/old\n"
+    assert not (inventory_dir / "degraded.json").exists()
+
+
+def test_provision_allow_degraded_then_full_success_clears_it(
+    monkeypatch, capsys, inventory_dir: pathlib.Path
+):
+    rc = run_provision(
+        monkeypatch, inventory_dir, outcome(node_b="Gathering Facts"), "--allow-degraded"
+    )
+    assert rc == 0
+    out, err = capsys.readouterr()
+    assert "provisioned 2 of 3 hosts" in out and "(6 slots on 2 hosts)" in out
+    assert "warning: degraded cluster: node-b left out" in err
+    assert (inventory_dir / "hostfile").read_text() == "node-a slots=4\nnode-c slots=2\n"
+    record = json.loads((inventory_dir / "degraded.json").read_text())["excluded"]
+    assert (
+        list(record) == ["node-b"]
+        and "unreachable at 'Gathering Facts'" in record["node-b"]["reason"]
+    )
+    # later hostfiles keep node-b out, with the warning each time
+    assert run_hostfile(capsys, inventory_dir).count("warning:") == 1
+    # the head cannot be left out: nothing changes
+    rc = run_provision(
+        monkeypatch, inventory_dir, outcome(node_a="Gathering Facts"), "--allow-degraded"
+    )
+    assert rc == 1
+    assert "the head node-a failed" in capsys.readouterr().err
+    assert degraded_hosts(inventory_dir) == ["node-b"]
+    # a partial run (--tags) that succeeds everywhere keeps it: the node is not provisioned yet
+    assert run_provision(monkeypatch, inventory_dir, outcome(), "--tags", "preflight") == 0
+    assert "warning: degraded cluster: node-b left out" in capsys.readouterr().err
+    assert degraded_hosts(inventory_dir) == ["node-b"]
+    # a full run that succeeds on every node clears the record and writes the full hostfile
+    assert run_provision(monkeypatch, inventory_dir, outcome()) == 0
+    out = capsys.readouterr().out
+    assert "degraded record cleared: node-b back in the hostfile" in out
+    assert "(8 slots on 3 hosts)" in out
+    assert not (inventory_dir / "degraded.json").exists()
+    assert (inventory_dir / "hostfile").read_text().count("slots=") == 3
+
+
+def run_hostfile(capsys, inv_dir: pathlib.Path) -> str:
+    from dscluster import cli  # noqa: PLC0415
+
+    assert cli.main(["hostfile", "-i", str(inv_dir)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: degraded cluster: node-b left out" in err
+    assert "node-b" not in (inv_dir / "hostfile").read_text()
+    return err
+
+
+def degraded_hosts(inv_dir: pathlib.Path) -> list[str]:
+    return list(json.loads((inv_dir / "degraded.json").read_text())["excluded"])

@@ -4,13 +4,20 @@ hostfile, heterogeneous slots, quoting, one-line errors."""
 from __future__ import annotations
 
 import argparse
+import os
+import pathlib
 import shlex
+import signal
 import subprocess
+import sys
+import time
+import uuid
 
 import pytest
 
 from dscluster.errors import DsclusterError
 from dscluster.hostfile import render_hostfile
+from dscluster.jobs import launch_watch
 from dscluster.launch import (
     LAUNCH_TIME,
     add_parsers,
@@ -229,7 +236,12 @@ def test_launch_script_runs_the_argv_from_the_job_dir(launcher):
     assert mode == "0755"
     assert text.startswith("#!/bin/bash\n")
     assert "export PATH=/opt/v/bin:" in text and "export PDSH_RCMD_TYPE=ssh" in text
-    assert text.rstrip().endswith("exec " + p.command)
+    # the launcher runs under launch_watch.py, staged beside it
+    assert text.rstrip().endswith(" -- " + p.command)
+    assert "exec /opt/v/bin/python -u launch_watch.py --grace 10 " in text
+    assert '--marker "DSCLUSTER_LAUNCH_TIME=$DSCLUSTER_LAUNCH_TIME" --hosts h1,h2,h3 --' in text
+    assert p.files["launch_watch.py"][1] == "0644"
+    assert "export PDSH_SSH_ARGS_APPEND='-o ServerAliveInterval=5" in text
     assert shlex.split(p.command.replace('"$DSCLUSTER_LAUNCH_TIME"', "T")) == [
         "T" if a == LAUNCH_TIME else a for a in p.argv
     ]
@@ -254,6 +266,24 @@ def test_cli_parser_takes_the_script_after_double_dash():
     assert (args.launcher, args.exclude, args.program) == ("mpi", "h2", ["--", "t.py", "--x", "1"])
 
 
+def test_lost_nodes_blames_the_killed_rank_not_the_ranks_it_broke():
+    log = [
+        "n1: [rank0]: RuntimeError: Connection closed by peer",
+        "n1: [ERROR] [launch.py:335:sigkill_handler] ['python'] exits with return code = 1",
+        "pdsh@n1: n1: ssh exited with exit code 1",
+        "n2: [ERROR] [launch.py:335:sigkill_handler] ['python'] exits with return code = -9",
+        "pdsh@n1: n2: ssh exited with exit code 247",
+    ]
+    assert lost_nodes(log) == {"n2": "a rank exited with code -9"}
+    # `pkill -9 -f smoke_job.py` kills the node's launcher too: only pdsh's line is left
+    log = [log[2], "pdsh@n1: n2: ssh exited with exit code 137"]
+    assert lost_nodes(log) == {"n2": "remote command killed by signal 9"}
+    assert lost_nodes(log[:1]) == {"n1": "remote command exited with code 1"}
+    assert lost_nodes(["pdsh@n1: n3: ssh exited with exit code 247"]) == {
+        "n3": "a rank was killed by signal 9"
+    }
+
+
 def test_lost_nodes_from_torchrun_and_mpirun_logs():
     torchrun_log = [
         "n2: [rank1]: RuntimeError: Connection closed by peer",
@@ -276,3 +306,131 @@ def test_lost_nodes_from_torchrun_and_mpirun_logs():
     assert lost_nodes(["ssh: connect to host n3 port 22: No route to host"]) == {
         "n3": "ssh: connect to host n3 port 22: No route to host"
     }
+
+
+# --- launch_watch.py: a lost node ends the job within the grace, not a collective's timeout --
+
+WATCH = pathlib.Path(launch_watch.__file__)
+
+
+@pytest.fixture
+def fake_pdsh(tmp_path: pathlib.Path, monkeypatch) -> pathlib.Path:
+    """A `pdsh` that records its argv and runs the remote command here, on this machine, so
+    the reaping really kills the marked processes (every 'node' is this machine)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    pdsh = bin_dir / "pdsh"
+    pdsh.write_text('#!/bin/bash\necho "$@" >> "$PDSH_ARGS_LOG"\nexec bash -c "${@: -1}"\n')
+    pdsh.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("PDSH_ARGS_LOG", str(tmp_path / "pdsh.args"))
+    return tmp_path / "pdsh.args"
+
+
+def watch(tmp_path, launcher: str, *extra: str, timeout: float = 60):
+    script = tmp_path / "launcher.sh"
+    script.write_text(launcher)
+    marker = f"DSCLUSTER_LAUNCH_TIME=test-{uuid.uuid4().hex}"
+    argv = [sys.executable, "-u", str(WATCH), "--grace", "1", "--term-wait", "1"]
+    argv += ["--marker", marker, "--hosts", "h1,h2,h3", *extra, "--", "bash", str(script)]
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    return proc, started, marker
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = pathlib.Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_watch_ends_a_launcher_that_hangs_after_losing_a_node(tmp_path, fake_pdsh):
+    # The launcher: a "rank" outside its process group (as remote ranks are), the pdsh line
+    # of a lost node, then a hang as ranks waiting in a collective would.
+    proc, started, marker = watch(
+        tmp_path,
+        "setsid sleep 300 & echo $! > rank.pid\n"
+        "echo 'h1: step 1'\n"
+        "echo 'pdsh@h1: h3: ssh exited with exit code 255'\n"
+        "sleep 300 & echo $! > hang.pid; wait\n",
+    )
+    out, _ = proc.communicate(timeout=60)
+    took = time.monotonic() - started
+    assert proc.returncode == 1
+    assert took < 15, f"took {took:.1f} s"
+    lines = out.splitlines()
+    assert "h1: step 1" in lines and "pdsh@h1: h3: ssh exited with exit code 255" in lines
+    assert "dscluster: lost node h3 (ssh exited with exit code 255); the job ends within 1 s" in out
+    assert "dscluster: ending the launcher 1 s after losing h3" in out
+    # the launcher's group is gone, and the marked rank was reaped on the reachable nodes
+    assert not alive(int((tmp_path / "hang.pid").read_text()))
+    assert not alive(int((tmp_path / "rank.pid").read_text()))
+    reaped = fake_pdsh.read_text()
+    assert " -w h1,h2 " in reaped and marker in reaped
+
+
+def test_watch_keeps_the_launchers_own_status(tmp_path, fake_pdsh):
+    proc, _, _ = watch(tmp_path, "echo 'h2: a rank exited'\nexit 3\n")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 3
+    assert "ending the launcher" not in out
+    assert " -w h1,h2,h3 " in fake_pdsh.read_text()  # a failed job is cleaned up everywhere
+    fake_pdsh.unlink()
+    proc, _, _ = watch(tmp_path, "echo ok\n")
+    out, _ = proc.communicate(timeout=60)
+    assert (proc.returncode, out) == (0, "ok\n")
+    assert not fake_pdsh.exists()  # nothing to clean up after a job that ended well
+
+
+def test_watch_passes_the_marker_to_the_launcher_alone(tmp_path, fake_pdsh):
+    proc, _, marker = watch(tmp_path, 'echo "seen $DSCLUSTER_LAUNCH_TIME"\n')
+    out, _ = proc.communicate(timeout=60)
+    assert out == f"seen {marker.split('=', 1)[1]}\n"
+    env = pathlib.Path(f"/proc/{os.getpid()}/environ").read_bytes()
+    assert marker.encode() not in env
+
+
+def test_watch_ends_the_job_on_sigterm(tmp_path, fake_pdsh):
+    proc, started, _ = watch(tmp_path, "echo started\nsleep 300 & echo $! > hang.pid; wait\n")
+    assert proc.stdout.readline() == "started\n"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 124
+    assert "dscluster: the job's time limit was reached; ending the launcher" in out
+    assert time.monotonic() - started < 15
+    assert not alive(int((tmp_path / "hang.pid").read_text()))
+
+
+@pytest.mark.parametrize(
+    ("line", "found"),
+    [
+        (
+            "pdsh@n1: n3: ssh exited with exit code 255",
+            ("n3", "ssh exited with exit code 255", True),
+        ),
+        ("pdsh@n1: n2: ssh exited with exit code 1", ("n2", "ssh exited with exit code 1", False)),
+        ("pdsh@n1: n2: ssh exited with exit code 0", None),
+        (
+            "n3: ssh: connect to host n3 port 22: No route to host",
+            ("n3", "ssh: connect to host n3 port 22: No route to host", True),
+        ),
+        (
+            "n2: [x] [ERROR] [launch.py:1:h] ['python'] exits with return code = -9",
+            ("n2", "a rank exited with code -9", False),
+        ),
+        ("n2:   exitcode  : 1 (pid: 77)", ("n2", "a rank exited with code 1", False)),
+        (
+            "  Remote daemon: [[2000,0],2] on node n3",
+            ("n3", "mpirun lost its daemon on the node", True),
+        ),
+        ("n1: step 3 loss 0.5", None),
+    ],
+)
+def test_lost_line(line, found):
+    assert launch_watch.lost_line(line) == found
+
+
+def test_reap_command_quotes_the_marker():
+    assert "grep -qsxzF 'K=it'\\''s'" in launch_watch.reap_command("K=it's")

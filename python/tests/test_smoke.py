@@ -1,6 +1,29 @@
 from __future__ import annotations
 
-from dscluster.smoke import lost_nodes
+import argparse
+import io
+import pathlib
+
+import pytest
+from PIL import Image
+from rich.console import Console
+
+from dscluster import cli
+from dscluster.errors import DsclusterError
+from dscluster.jobs import smoke_job
+from dscluster.smoke import (
+    _failure_line,
+    config_table,
+    find_stragglers,
+    host_step_times,
+    link_bandwidths,
+    link_table,
+    lost_nodes,
+    rank_table,
+    report_stragglers,
+    zero_stages,
+)
+from dscluster.smoke_report import build_figure, render_png, write_png
 
 
 def test_lost_nodes_from_launcher_log():
@@ -18,3 +41,293 @@ def test_lost_nodes_from_launcher_log():
         "n4": "remote command exited with code 1"
     }
     assert lost_nodes(["n1: training step 3"]) == {}
+
+
+# --- --zero / --offload ---------------------------------------------------------------------
+
+
+def test_zero_stages_parses_a_comma_list():
+    assert zero_stages("2") == (2,)
+    assert zero_stages("1,2,3") == (1, 2, 3)
+    assert zero_stages("3, 1,3") == (3, 1)
+    for bad in ("7", "0", "a", "", "1,,2", "1;2"):
+        with pytest.raises(argparse.ArgumentTypeError, match="invalid choice"):
+            zero_stages(bad)
+
+
+def test_smoke_parser_defaults_are_todays_demo():
+    args = cli.build_parser().parse_args(["smoke", "-i", "inventories/x"])
+    assert args.zero == (2,)
+    assert args.offload is None
+    assert args.straggler_factor == 2.0
+    assert args.fail_on_straggler is False
+    assert args.launcher == "deepspeed"
+    args = cli.build_parser().parse_args(
+        ["smoke", "-i", "x", "--zero", "1,2,3", "--offload", "nvme", "--straggler-factor", "3",
+         "--fail-on-straggler"]
+    )  # fmt: skip
+    assert (args.zero, args.offload, args.straggler_factor) == ((1, 2, 3), "nvme", 3.0)
+    assert args.fail_on_straggler is True
+
+
+def test_job_accepts_what_run_smoke_passes():
+    args = smoke_job.parse_args(
+        ["--zero", "1,2,3", "--offload", "nvme", "--nvme-dir", "/tmp/x", "--report", "r.json"]
+    )
+    assert args.zero == [1, 2, 3] and args.offload == "nvme" and args.nvme_dir == "/tmp/x"
+    assert smoke_job.parse_args(["--zero", "2", "--report", "r"]).zero == [2]  # sbatch's use
+    with pytest.raises(SystemExit):
+        smoke_job.parse_args(["--zero", "4", "--report", "r"])
+
+
+def names(configs):
+    return [(c["name"], c.get("skip", "")) for c in configs]
+
+
+def test_plan_configs_without_offload_runs_each_stage_once():
+    assert names(smoke_job.plan_configs([2], "none")) == [("zero2", "")]
+    assert names(smoke_job.plan_configs([1, 2, 3], "none")) == [
+        ("zero1", ""),
+        ("zero2", ""),
+        ("zero3", ""),
+    ]
+
+
+def test_plan_configs_cpu_offload_on_every_zero_stage():
+    plan = smoke_job.plan_configs([1, 2, 3], "cpu")
+    assert [c["name"] for c in plan] == ["zero1", "zero1+cpu", "zero2", "zero2+cpu", "zero3",
+                                         "zero3+cpu"]  # fmt: skip
+    assert not any(c.get("skip") for c in plan)
+    assert "skip" in smoke_job.plan_configs([0], "cpu")[1]
+
+
+def test_plan_configs_nvme_only_zero3_and_only_where_async_io_is_usable():
+    good = {"n1": {"usable": True, "reason": "pre-built"}, "n2": {"usable": True}}
+    plan = smoke_job.plan_configs([1, 2, 3], "nvme", good)
+    skipped = {c["name"]: c.get("skip", "") for c in plan}
+    assert list(skipped) == ["zero1", "zero1+nvme", "zero2", "zero2+nvme", "zero3", "zero3+nvme"]
+    assert "needs ZeRO-3" in skipped["zero1+nvme"] and "needs ZeRO-3" in skipped["zero2+nvme"]
+    assert skipped["zero3+nvme"] == "" and skipped["zero3"] == ""
+
+    bad = {**good, "n2": {"usable": False, "reason": "async_io is not pre-built"}}
+    zero3 = smoke_job.plan_configs([3], "nvme", bad)
+    assert zero3[1]["skip"] == "async_io op not usable on n2: async_io is not pre-built"
+    assert "unknown" in smoke_job.plan_configs([3], "nvme", None)[1]["skip"]
+    why = "pre-built async_io fails to load: undefined symbol: io_submit"
+    same = {h: {"usable": False, "reason": why} for h in ("n1", "n2", "n3")}
+    assert smoke_job.plan_configs([3], "nvme", same)[1]["skip"] == (
+        f"async_io op not usable on n1, n2, n3: {why}"
+    )
+
+
+def test_ds_config_offload_blocks():
+    plain = smoke_job.ds_config(2, "none", "/tmp/n", bf16=False)
+    assert plain["zero_optimization"] == {"stage": 2}
+    cpu3 = smoke_job.ds_config(3, "cpu", "/tmp/n", bf16=False)["zero_optimization"]
+    assert cpu3["offload_optimizer"]["device"] == cpu3["offload_param"]["device"] == "cpu"
+    assert cpu3["stage3_param_persistence_threshold"] == 0
+    cpu1 = smoke_job.ds_config(1, "cpu", "/tmp/n", bf16=False)["zero_optimization"]
+    assert "offload_param" not in cpu1  # ZeRO-3 only
+    nvme = smoke_job.ds_config(3, "nvme", "/tmp/n", bf16=True)
+    zero = nvme["zero_optimization"]
+    assert zero["offload_optimizer"]["nvme_path"] == zero["offload_param"]["nvme_path"] == "/tmp/n"
+    assert nvme["bf16"] == {"enabled": True}
+
+
+def test_node_leaders_first_rank_per_host():
+    assert smoke_job.node_leaders(["a", "a", "b", "c", "c"]) == (["a", "b", "c"], [0, 2, 3])
+    assert smoke_job.node_leaders(["a"]) == (["a"], [0])
+
+
+# --- stragglers -----------------------------------------------------------------------------
+
+
+def matrix(hosts, bw):
+    """Symmetric matrix from {frozenset pair: GB/s}."""
+    return [[None if a == b else bw[frozenset((a, b))] for b in hosts] for a in hosts]
+
+
+HOSTS3 = ["n1", "n2", "n3"]
+
+
+def test_link_bandwidth_is_the_slower_direction():
+    gbps = [[None, 1.0, 0.9], [0.2, None, None], [1.1, 1.0, None]]
+    assert link_bandwidths(HOSTS3, gbps) == {("n1", "n2"): 0.2, ("n1", "n3"): 0.9}
+
+
+def test_three_nodes_one_slow_node_is_flagged_by_name():
+    gbps = matrix(HOSTS3, {frozenset(("n1", "n2")): 1.0, frozenset(("n1", "n3")): 0.1,
+                           frozenset(("n2", "n3")): 0.12})  # fmt: skip
+    found = find_stragglers(HOSTS3, gbps, {}, 2.0)
+    assert [(s.kind, s.nodes, s.metric) for s in found] == [("node", ("n3",), "bandwidth")]
+    assert found[0].value == pytest.approx(0.11)
+    assert found[0].median == pytest.approx(0.55)
+    assert found[0].message.startswith("straggler: node n3: median link bandwidth 0.110 GB/s")
+
+
+def test_equal_links_and_equal_steps_flag_nothing():
+    gbps = matrix(HOSTS3, {frozenset(p): 1.0 for p in (("n1", "n2"), ("n1", "n3"), ("n2", "n3"))})
+    assert find_stragglers(HOSTS3, gbps, {"n1": 0.01, "n2": 0.01, "n3": 0.01}) == []
+
+
+def test_one_slow_link_among_four_nodes_is_the_link_not_a_node():
+    hosts = ["a", "b", "c", "d"]
+    bw = {frozenset((x, y)): 1.0 for i, x in enumerate(hosts) for y in hosts[i + 1 :]}
+    bw[frozenset(("a", "b"))] = 0.3
+    found = find_stragglers(hosts, matrix(hosts, bw), {}, 2.0)
+    assert [(s.kind, s.nodes) for s in found] == [("link", ("a", "b"))]
+    assert "link a <-> b: 0.300 GB/s, below the median link 1.000 GB/s / 2" in found[0].message
+
+
+def test_two_nodes_bandwidth_cannot_single_one_out_step_time_can():
+    gbps = [[None, 0.01], [5.0, None]]  # even very lopsided: one link, shared by both
+    assert find_stragglers(["a", "b"], gbps, {"a": 0.01, "b": 0.011}, 2.0) == []
+    # with two nodes the median is their mean: b is above it x1.5 when b > 3a
+    found = find_stragglers(["a", "b"], gbps, {"a": 0.01, "b": 0.05}, 1.5)
+    assert [(s.nodes, s.metric) for s in found] == [(("b",), "step time")]
+    assert "above the median 30.0 ms x 1.5" in found[0].message
+
+
+def test_factor_boundary_is_not_a_straggler():
+    # node medians: n1 0.6, n2 0.6, n3 0.3 (median 0.6): 0.3 is exactly 0.6 / 2
+    gbps = matrix(HOSTS3, {frozenset(("n1", "n2")): 0.9, frozenset(("n1", "n3")): 0.3,
+                           frozenset(("n2", "n3")): 0.3})  # fmt: skip
+    assert find_stragglers(HOSTS3, gbps, {}, 2.0) == []
+    assert [s.nodes for s in find_stragglers(HOSTS3, gbps, {}, 1.99)] == [("n3",)]
+    steps = {"n1": 0.010, "n2": 0.010, "n3": 0.020}  # exactly median x 2
+    assert find_stragglers(HOSTS3, [], steps, 2.0) == []
+    assert [s.metric for s in find_stragglers(HOSTS3, [], steps, 1.99)] == ["step time"]
+    with pytest.raises(DsclusterError, match="below 1"):
+        find_stragglers(HOSTS3, gbps, {}, 0.5)
+
+
+def test_host_step_times_average_a_nodes_ranks():
+    ranks = [
+        {"rank": 1, "host": "a", "mean_step_s": 0.3},
+        {"rank": 0, "host": "a", "mean_step_s": 0.1},
+        {"rank": 2, "host": "b", "mean_step_s": 0.5},
+    ]
+    assert host_step_times(ranks) == pytest.approx({"a": 0.2, "b": 0.5})
+
+
+# --- report: tables, failure line, picture ---------------------------------------------------
+
+
+def rank(i, host, step=0.01, ok=True):
+    return {
+        "rank": i,
+        "host": host,
+        "first_loss": 1.0,
+        "last_loss": 0.5 if ok else 1.5,
+        "loss_decreased": ok,
+        "mean_step_s": step,
+        "first_step_s": 12.0,
+        "checksum": "ab" * 32,
+    }
+
+
+def sample_report(slow: str | None = "n3") -> dict:
+    hosts = ["n1", "n2", "n3", "n4"]
+    bw = {frozenset((x, y)): 1.0 for i, x in enumerate(hosts) for y in hosts[i + 1 :]}
+    if slow:
+        for other in hosts:
+            if other != slow:
+                bw[frozenset((slow, other))] = 0.05
+    ranks = [rank(0, "n1"), rank(1, "n1"), rank(2, "n2"), rank(3, "n3"), rank(4, "n4")]
+    configs = [
+        {"name": "zero1", "zero_stage": 1, "offload": "none", "status": "passed", "wall_s": 3.0,
+         "checks": {"checksums_agree": True}, "ranks": ranks},
+        {"name": "zero1+nvme", "zero_stage": 1, "offload": "nvme", "status": "skipped",
+         "skip": "NVMe offload needs ZeRO-3"},
+        {"name": "zero3+nvme", "zero_stage": 3, "offload": "nvme", "status": "passed",
+         "wall_s": 9.0, "checks": {"checksums_agree": True}, "ranks": ranks},
+    ]  # fmt: skip
+    report = {
+        "ok": True,
+        "run_id": "smoke-20260101T000000000000",
+        "world_size": 5,
+        "zero_stage": 1,
+        "configs": configs,
+        "ranks": ranks,
+        "p2p": {"hosts": hosts, "ranks": [0, 2, 3, 4], "bytes": 8 << 20, "iters": 5,
+                "gbps": matrix(hosts, bw)},
+    }  # fmt: skip
+    report["stragglers"] = [s.as_dict() for s in report_stragglers(report, 2.0)]
+    return report
+
+
+def render(table) -> str:
+    console = Console(file=io.StringIO(), width=250)
+    console.print(table)
+    return console.file.getvalue()
+
+
+def test_tables_show_every_configuration_and_link():
+    report = sample_report()
+    ranks = render(rank_table(report))
+    assert "zero1, zero1+nvme (skipped), zero3+nvme" in ranks
+    assert ranks.count("zero3+nvme ") >= 5  # one row per rank of each configuration that ran
+    configs = render(config_table(report))
+    assert "skipped" in configs and "NVMe offload needs ZeRO-3" in configs
+    links = render(link_table(report))
+    assert all(h in links for h in ("n1", "n2", "n3", "n4")) and "0.050" in links
+
+
+def test_sample_report_flags_the_slow_node():
+    stragglers = sample_report()["stragglers"]
+    assert [(s["kind"], s["nodes"]) for s in stragglers] == [("node", ["n3"])]
+    assert sample_report(slow=None)["stragglers"] == []
+
+
+def test_failure_line_names_the_failed_configuration_and_ranks():
+    report = sample_report()
+    report["configs"][2].update(
+        status="failed",
+        checks={"loss_decreased_on_every_rank": False, "checksums_agree": True},
+        ranks=[rank(0, "n1"), rank(3, "n3", ok=False)],
+    )
+    line = _failure_line(report, [], pathlib.Path("r.json"))
+    assert line == (
+        "smoke job ran but failed zero3+nvme: loss_decreased_on_every_rank (ranks 3@n3); "
+        "report: r.json"
+    )
+
+
+def test_figure_labels_every_node_and_rank_and_marks_the_straggler():
+    report = sample_report()
+    fig = build_figure(report)
+    heat, bars = fig.axes[0], fig.axes[1]
+    hosts = report["p2p"]["hosts"]
+    assert [t.get_text() for t in heat.get_xticklabels()] == hosts
+    assert [t.get_text() for t in heat.get_yticklabels()] == hosts
+    assert [t.get_text() for t in bars.get_xticklabels()] == [
+        "0@n1", "1@n1", "2@n2", "3@n3", "4@n4"
+    ]  # fmt: skip
+    red = [t.get_text() for t in heat.get_yticklabels() if t.get_color() == "#d62728"]
+    assert red == ["n3"]
+    cells = [t.get_text() for t in heat.texts]
+    assert len(cells) == 16 and cells.count("-") == 4 and "0.05" in cells
+    title = fig._suptitle.get_text()
+    assert report["run_id"] in title and "world size 5" in title and "zero3+nvme" in title
+    assert "stragglers: n3" in title
+
+
+def test_png_renders_and_decodes(tmp_path: pathlib.Path):
+    report = sample_report()
+    fig = build_figure(report)
+    width, height = (fig.get_size_inches() * fig.dpi).round().astype(int)
+    image = Image.open(io.BytesIO(render_png(report)))
+    assert image.format == "PNG" and image.size == (width, height)
+    assert width > 600 and height > 300
+    a, b = tmp_path / "reports" / "run.png", tmp_path / "reports" / "smoke-latest.png"
+    write_png(report, a, b)
+    assert a.read_bytes() == b.read_bytes() and Image.open(a).size == (width, height)
+    assert not list(a.parent.glob(".*"))  # no temporary file left behind
+
+
+def test_png_of_a_single_node_run():
+    report = sample_report(slow=None)
+    report["p2p"] = {"hosts": ["n1"], "ranks": [0], "bytes": 1 << 20, "iters": 1,
+                     "gbps": [[None]]}  # fmt: skip
+    report["ranks"] = [rank(0, "n1")]
+    assert Image.open(io.BytesIO(render_png(report))).size[0] > 0

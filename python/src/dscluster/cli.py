@@ -6,7 +6,6 @@ Every user-facing error is one line on stderr and a non-zero exit, never a trace
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 
@@ -41,19 +40,6 @@ def cmd_local_down(args: argparse.Namespace, out: Console, err: Console) -> int:
     return 0
 
 
-def cmd_provision(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from .runner import raise_for_failures, run_playbook, summary_table  # noqa: PLC0415
-
-    inv = _inventory(args.inventory)
-    result = run_playbook(
-        args.playbook, inv, limit=args.limit, tags=args.tags, timeout=args.timeout, console=err
-    )
-    out.print(summary_table(result, f"{args.playbook} on {len(inv.hosts)} hosts"))
-    raise_for_failures(result, f"provisioning ({args.playbook})")
-    out.print(f"provisioned {len(inv.hosts)} hosts, {result.changed_total} changes")
-    return 0
-
-
 def cmd_hostfile(args: argparse.Namespace, out: Console, err: Console) -> int:
     from .hostfile import write_launch_files  # noqa: PLC0415
 
@@ -61,27 +47,6 @@ def cmd_hostfile(args: argparse.Namespace, out: Console, err: Console) -> int:
     out.print(f"wrote {files.hostfile} ({files.world_size} slots on {len(files.facts)} hosts)")
     out.print(f"wrote {files.env_file}")
     print_warnings(err, files.warnings)
-    return 0
-
-
-def cmd_smoke(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from .smoke import bandwidth_table, rank_table, run_smoke  # noqa: PLC0415
-
-    report, path = run_smoke(
-        _inventory(args.inventory),
-        zero=args.zero,
-        steps=args.steps,
-        timeout=args.timeout,
-        launcher=args.launcher,
-        master_port=args.master_port,
-        console=err,
-    )
-    if args.json:
-        out.print_json(json.dumps(report))
-    else:
-        out.print(rank_table(report))
-        out.print(bandwidth_table(report))
-        out.print(f"smoke test passed: {report['world_size']} ranks; report {path}")
     return 0
 
 
@@ -119,29 +84,17 @@ def build_parser() -> argparse.ArgumentParser:
             "-i", "--inventory", required=True, help="inventories/<name> or its hosts.yml"
         )
 
-    prov = sub.add_parser("provision", help="run playbooks/site.yml with live progress")
-    add_inventory(prov)
-    prov.add_argument("--playbook", default="site.yml", help="playbook under playbooks/")
-    prov.add_argument("--limit", help="Ansible host pattern to limit the run")
-    prov.add_argument("--tags", help="only plays/tasks with these tags")
-    prov.add_argument("--timeout", type=int, default=None, help="seconds before the run is cut")
-    prov.set_defaults(func=cmd_provision)
+    from . import provision  # noqa: PLC0415
+
+    provision.add_parsers(sub, add_inventory)
 
     hf = sub.add_parser("hostfile", help="write the DeepSpeed hostfile and .deepspeed_env")
     add_inventory(hf)
     hf.set_defaults(func=cmd_hostfile)
 
-    smoke = sub.add_parser("smoke", help="run a DeepSpeed job across every slot")
-    add_inventory(smoke)
-    smoke.add_argument("--zero", type=int, choices=(1, 2, 3), default=2, help="ZeRO stage")
-    smoke.add_argument("--steps", type=int, default=30)
-    smoke.add_argument("--timeout", type=int, default=600, help="seconds before the job is cut")
-    smoke.add_argument("--json", action="store_true", help="print the report as JSON")
-    from . import launch  # noqa: PLC0415
-    from .smoke import add_smoke_options  # noqa: PLC0415
+    from . import launch, smoke  # noqa: PLC0415
 
-    add_smoke_options(smoke)
-    smoke.set_defaults(func=cmd_smoke)
+    smoke.add_parsers(sub, add_inventory)
     launch.add_parsers(sub, add_inventory)
 
     # Inventory sources: each writes inventories/<name>/hosts.yml (+ a hostfile of the slots
@@ -157,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     static.add_inventory_parser(isub)
     aws.add_parsers(sub, add_inventory)
     slurm.add_parsers(sub, add_inventory)
+    from . import doctor  # noqa: PLC0415
+
+    doctor.add_parsers(sub, add_inventory)
     return parser
 
 

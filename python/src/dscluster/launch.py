@@ -22,7 +22,7 @@ import shlex
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from rich.console import Console
 
@@ -35,6 +35,15 @@ from .hostfile import (
     write_launch_files,
 )
 from .inventory import Inventory
+from .jobs.launch_watch import (
+    MPI_LOST_DAEMON_RE,
+    MPI_RANK_RE,
+    MPI_SSH_ERROR_RE,
+    PDSH_EXIT_RE,
+    RANK_EXIT_RE,
+    SSH_ERROR_RE,
+    TORCHRUN_EXIT_RE,
+)
 from .runner import PlaybookResult, run_playbook
 from .util import atomic_write, cache_dir, print_warnings
 
@@ -49,23 +58,15 @@ VISIBLE_DEVICES_ENV = {"cuda": "CUDA_VISIBLE_DEVICES", "hpu": "HABANA_VISIBLE_MO
 # itself replaces %h, %n and %u.
 DEEPSPEED_SAFE_ARG_RE = re.compile(r"^[\w@+=:,./ -]+$")
 
-# pdsh reports a node it could not reach or whose remote command died:
-#   "pdsh@head: node3: ssh exited with exit code 255"
-PDSH_EXIT_RE = re.compile(r"^pdsh@\S+: (?P<host>[^:\s]+): ssh exited with exit code (?P<code>\d+)")
-# ... and prefixes every remote line with "node: "; DeepSpeed's per-node launcher says
-#   "node2: [...] [ERROR] [launch.py:...] ... exits with return code = -9"
-RANK_EXIT_RE = re.compile(r"^(?P<host>[^:\s]+): .*exits with return code = (?P<code>-?\d+)")
-# torchrun's ChildFailedError summary, prefixed by pdsh: "node2:   exitcode  : 1 (pid: 12)"
-TORCHRUN_EXIT_RE = re.compile(r"^(?P<host>[^:\s]+):\s+exitcode\s*:\s*(?P<code>-?\d+)")
-SSH_ERROR_RE = re.compile(r"^(?P<host>[^:\s]+): ssh: (?P<msg>.+)$")
-# OpenMPI's output is not prefixed: orted started over ssh, and mpirun's own verdict.
-MPI_SSH_ERROR_RE = re.compile(r"^ssh: (?P<msg>connect to host (?P<host>\S+) .+)$")
 # "  Process name: [[27718,1],2]" then "  Exit code:    3": the first rank that failed.
 MPI_PROCESS_RE = re.compile(r"^\s*Process name: \[\[\d+,\d+\],(?P<rank>\d+)\]")
 MPI_EXIT_CODE_RE = re.compile(r"^\s*Exit code:\s+(?P<code>-?\d+)")
-MPI_RANK_RE = re.compile(
-    r"process rank \d+ with PID \d+ on node (?P<host>[^\s,]+) exited on signal (?P<sig>\d+)"
-)
+# Seconds the launcher gets to end by itself once a node is lost (launch_watch.py), before
+# it and the job's processes on the other nodes are ended.
+LOST_NODE_GRACE = 10
+# Every ssh the launchers start (pdsh, mpirun) notices a node that stopped answering in
+# about 15 s instead of TCP's hours, and gives up connecting after 10 s.
+SSH_LIVENESS_ARGS = "-o ServerAliveInterval=5 -o ServerAliveCountMax=3 -o ConnectTimeout=10"
 
 
 class Raw(str):
@@ -87,9 +88,12 @@ def lost_nodes(log_lines: Sequence[str], rank_hosts: Sequence[str] = ()) -> dict
 
     Nodes that could not be reached (ssh failures, pdsh's exit 255) are the cause when
     present; ranks elsewhere that then fail at rendezvous or in a collective are not blamed.
-    Otherwise the nodes whose ranks exited non-zero, the first one first.
+    Otherwise the nodes where a rank or the node's launcher was killed by a signal (a negative
+    return code, or a remote exit above 128): ranks on other nodes then fail in a collective
+    with a plain error. Otherwise the nodes whose ranks exited non-zero, the first one first.
     """
     unreachable: dict[str, str] = {}
+    signalled: dict[str, str] = {}
     ranks: dict[str, str] = {}
     mpi_rank: int | None = None
     for line in log_lines:
@@ -104,15 +108,28 @@ def lost_nodes(log_lines: Sequence[str], rank_hosts: Sequence[str] = ()) -> dict
             unreachable[m["host"]] = f"ssh: {m['msg']}"
         elif m := MPI_SSH_ERROR_RE.match(line):
             unreachable.setdefault(m["host"], f"ssh: {m['msg']}")
+        elif m := MPI_LOST_DAEMON_RE.match(line):
+            unreachable.setdefault(m["host"], "mpirun lost its daemon on the node")
         elif (m := PDSH_EXIT_RE.match(line)) and m["code"] == "255":
             unreachable.setdefault(m["host"], "ssh exited with code 255")
         elif (m := RANK_EXIT_RE.match(line) or TORCHRUN_EXIT_RE.match(line)) and m["code"] != "0":
-            ranks.setdefault(m["host"], f"a rank exited with code {m['code']}")
+            why = f"a rank exited with code {m['code']}"
+            (signalled if int(m["code"]) < 0 else ranks).setdefault(m["host"], why)
         elif m := MPI_RANK_RE.search(line):
-            ranks.setdefault(m["host"], f"a rank was killed by signal {m['sig']}")
+            signalled.setdefault(m["host"], f"a rank was killed by signal {m['sig']}")
+        elif (m := PDSH_EXIT_RE.match(line)) and int(m["code"]) > 128:
+            code = int(m["code"])
+            # 129-192: the shell's 128+signal; above: DeepSpeed's launch.py passing on a rank's
+            # negative return code (sys.exit(-9) is 247).
+            why = (
+                f"remote command killed by signal {code - 128}"
+                if code <= 192
+                else f"a rank was killed by signal {256 - code}"
+            )
+            signalled.setdefault(m["host"], why)
         elif m := PDSH_EXIT_RE.match(line):
             ranks.setdefault(m["host"], f"remote command exited with code {m['code']}")
-    return unreachable or ranks
+    return unreachable or signalled or ranks
 
 
 # --- resource selection (DeepSpeed's rules) -------------------------------------------------
@@ -371,7 +388,7 @@ def mpi_argv(
     """
     argv = ["mpirun", "--hostfile", "mpi_hostfile", "-np", str(world_size)]
     argv += ["--map-by", "slot", "--bind-to", "none", "--wdir", job_dir]
-    argv += ["--mca", "plm_rsh_agent", "ssh"]
+    argv += ["--mca", "plm_rsh_agent", "ssh", "--mca", "plm_rsh_args", SSH_LIVENESS_ARGS]
     if interface:
         argv += ["--mca", "oob_tcp_if_include", interface, "--mca", "btl_tcp_if_include", interface]
     for key, value in env.items():
@@ -381,22 +398,43 @@ def mpi_argv(
     return argv
 
 
-def render_launch_script(run_id: str, launcher: str, venv: str, argv: Sequence[str]) -> str:
-    """What launch.yml runs on the head, in the job directory, as the training user."""
+def render_launch_script(
+    run_id: str,
+    launcher: str,
+    venv: str,
+    argv: Sequence[str],
+    *,
+    hosts: Sequence[str] = (),
+    grace: float = LOST_NODE_GRACE,
+) -> str:
+    """What launch.yml runs on the head, in the job directory, as the training user.
+
+    The launcher runs under launch_watch.py, which ends it `grace` seconds after a node is
+    lost and kills the job's processes left on the other `hosts` (those whose environment
+    holds this launch's DSCLUSTER_LAUNCH_TIME, which is not exported to anything else).
+    """
     lines = [
         "#!/bin/bash",
         f"# dscluster launch {run_id} ({launcher}): run on the head by playbooks/launch.yml.",
         "set -eu",
         f"export PATH={shlex.quote(venv + '/bin:' + SYSTEM_PATH)}",
         "export PDSH_RCMD_TYPE=ssh",
+        f"export PDSH_SSH_ARGS_APPEND={shlex.quote(SSH_LIVENESS_ARGS)}",
         'DSCLUSTER_LAUNCH_TIME="$(date +%s.%N)"',
-        "export DSCLUSTER_LAUNCH_TIME",
     ]
     if launcher == "deepspeed":
         # The deepspeed launcher reads ./.deepspeed_env on the head and exports it to ranks.
         lines.append('echo "DSCLUSTER_LAUNCH_TIME=$DSCLUSTER_LAUNCH_TIME" >> .deepspeed_env')
-    lines.append(f"exec {shell_join(argv)}")
+    watch = [f"{venv}/bin/python", "-u", "launch_watch.py", "--grace", f"{grace:g}"]
+    watch += ["--marker", Raw('"DSCLUSTER_LAUNCH_TIME=$DSCLUSTER_LAUNCH_TIME"')]
+    watch += ["--hosts", ",".join(hosts), "--"]
+    lines.append(f"exec {shell_join(watch)} {shell_join(argv)}")
     return "\n".join(lines) + "\n"
+
+
+def watch_source() -> str:
+    """launch_watch.py, staged with every job."""
+    return (pathlib.Path(__file__).parent / "jobs" / "launch_watch.py").read_text()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -514,7 +552,11 @@ def build_plan(
             program=program,
             interface=interface,
         )
-    files["launch.sh"] = (render_launch_script(run_id, launcher, venv, argv), "0755")
+    files["launch.sh"] = (
+        render_launch_script(run_id, launcher, venv, argv, hosts=list(resources)),
+        "0755",
+    )
+    files["launch_watch.py"] = (watch_source(), "0644")
     return Plan(
         launcher=launcher,
         run_id=run_id,
@@ -613,6 +655,8 @@ def run_job(
                 "launch_fetch": ["launcher.log", "exit_status", *fetch],
                 "launch_timeout": timeout,
             },
+            # Only the job's nodes: a node left out (--exclude, degraded.json) is not touched.
+            limit=",".join(dict.fromkeys([plan.head, *plan.resources])),
             timeout=timeout + 180,
             console=console,
         )
@@ -678,6 +722,7 @@ def program_for(script: str, args: Sequence[str], *, stage: bool) -> tuple[list[
             "path on the nodes with --no-stage"
         )
     reserved = {"launch.sh", "hostfile", ".deepspeed_env", "mpi_hostfile", "mpi_rank.sh"}
+    reserved |= {"launch_watch.py"}
     if path.name in reserved | {"torchrun_node.sh", "launcher.log", "exit_status"}:
         raise DsclusterError(f"script name {path.name} is used by dscluster's job files; rename it")
     return [path.name, *args], {path.name: path}
@@ -699,7 +744,9 @@ def launch(
     num_gpus: int | None = None,
     out: Console | None = None,
     console: Console | None = None,
+    preflight: Callable[[], None] | None = None,
 ) -> tuple[Plan, JobResult | None]:
+    """Plan, then (unless dry_run) run `preflight` (doctor) and the job."""
     out = out or Console()
     console = console or Console(stderr=True)
     files = write_launch_files(inv)
@@ -728,6 +775,8 @@ def launch(
         markup=False,
         highlight=False,
     )
+    if preflight is not None:
+        preflight()
     result = run_job(inv, plan, stage_files=stage_files, timeout=timeout, console=console)
     return plan, result
 
@@ -774,6 +823,9 @@ def add_parsers(sub, add_inventory) -> None:
     p.add_argument(
         "--dry-run", action="store_true", help="print the command and launch files, run nothing"
     )
+    p.add_argument(
+        "--no-doctor", action="store_true", help="skip the doctor checks run before the job"
+    )
     p.add_argument("program", nargs=argparse.REMAINDER, help="-- script.py [args...]")
     p.set_defaults(func=cmd_launch)
 
@@ -787,6 +839,12 @@ def cmd_launch(args, out: Console, err: Console) -> int:
     if not program:
         raise DsclusterError("no script to run; put it after '--': dscluster launch -- train.py")
     inv = load(args.inventory)
+
+    def preflight() -> None:
+        from .doctor import require_healthy  # noqa: PLC0415
+
+        require_healthy(inv, master_port=args.master_port, console=err, what="launch")
+
     plan, result = launch(
         inv,
         launcher=args.launcher,
@@ -802,6 +860,7 @@ def cmd_launch(args, out: Console, err: Console) -> int:
         num_gpus=args.num_gpus,
         out=out,
         console=err,
+        preflight=None if args.no_doctor else preflight,
     )
     if result is None:
         return 0

@@ -1,0 +1,219 @@
+"""Run a job's launcher on the head and end it promptly once a node is lost.
+
+Staged with every job by `dscluster launch`/`smoke` (launch.py) and run by its launch.sh:
+
+    python launch_watch.py --grace 10 --marker KEY=VALUE --hosts h1,h2 -- LAUNCHER ARGS...
+
+The launcher's output is passed through line by line. A line saying that a node was lost (pdsh:
+"<node>: ssh exited with exit code N", an ssh error, a rank exiting non-zero) starts a grace
+period; if the launcher has not ended by itself when it is over, the watcher ends it (SIGTERM,
+which DeepSpeed's runner answers by killing its remote launchers; SIGKILL to what is left) and
+then kills, on every node still reachable, the processes whose environment carries the
+marker (the job's ranks and per-node launchers), so ranks waiting in a collective for the lost
+node do not linger until the collective's timeout. SIGTERM to the watcher (the job's time limit)
+ends the job the same way.
+
+Exit status: the launcher's own when it ended by itself (128+N for a signal), 1 when the
+watcher ended it because a node was lost. Only the standard library: it runs in the nodes' venv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+# pdsh reports a node it could not reach or whose remote command died:
+#   "pdsh@head: node3: ssh exited with exit code 255"
+PDSH_EXIT_RE = re.compile(r"^pdsh@\S+: (?P<host>[^:\s]+): ssh exited with exit code (?P<code>\d+)")
+# ... and prefixes every remote line with "node: "; DeepSpeed's per-node launcher says
+#   "node2: [...] [ERROR] [launch.py:...] ... exits with return code = -9"
+RANK_EXIT_RE = re.compile(r"^(?P<host>[^:\s]+): .*exits with return code = (?P<code>-?\d+)")
+# torchrun's ChildFailedError summary, prefixed by pdsh: "node2:   exitcode  : 1 (pid: 12)"
+TORCHRUN_EXIT_RE = re.compile(r"^(?P<host>[^:\s]+):\s+exitcode\s*:\s*(?P<code>-?\d+)")
+SSH_ERROR_RE = re.compile(r"^(?P<host>[^:\s]+): ssh: (?P<msg>.+)$")
+# OpenMPI's output is not prefixed: orted started over ssh, and mpirun's own verdict.
+MPI_SSH_ERROR_RE = re.compile(r"^ssh: (?P<msg>connect to host (?P<host>\S+) .+)$")
+MPI_RANK_RE = re.compile(
+    r"process rank \d+ with PID \d+ on node (?P<host>[^\s,]+) exited on signal (?P<sig>\d+)"
+)
+# OpenMPI when the ssh session of a node's daemon ends: "ORTE has lost communication with a
+# remote daemon." ... "  HNP daemon   : [[...],0] on node head" / "  Remote daemon: [[...],2]
+# on node node3"
+MPI_LOST_DAEMON_RE = re.compile(r"^\s*Remote daemon: \[\[\d+,\d+\],\d+\] on node (?P<host>\S+)")
+
+
+def lost_line(line: str) -> tuple[str, str, bool] | None:
+    """(host, why, unreachable) when the line says a node was lost, else None."""
+    found: tuple[str, str, bool] | None = None
+    if m := SSH_ERROR_RE.match(line) or MPI_SSH_ERROR_RE.match(line):
+        found = m["host"], f"ssh: {m['msg']}", True
+    elif m := MPI_LOST_DAEMON_RE.match(line):
+        found = m["host"], "mpirun lost its daemon on the node", True
+    elif (m := PDSH_EXIT_RE.match(line)) and m["code"] != "0":
+        found = m["host"], f"ssh exited with exit code {m['code']}", m["code"] == "255"
+    elif (m := RANK_EXIT_RE.match(line) or TORCHRUN_EXIT_RE.match(line)) and m["code"] != "0":
+        found = m["host"], f"a rank exited with code {m['code']}", False
+    elif m := MPI_RANK_RE.search(line):
+        found = m["host"], f"a rank was killed by signal {m['sig']}", False
+    return found
+
+
+def reap_command(marker: str) -> str:
+    """Shell run on a node: kill this user's processes whose environment holds the marker."""
+    quoted = "'" + marker.replace("'", "'\\''") + "'"
+    return (
+        "for p in /proc/[0-9]*; do grep -qsxzF "
+        + quoted
+        + ' "$p/environ" && kill -9 "${p#/proc/}" 2>/dev/null; done; exit 0'
+    )
+
+
+class Watch:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.lost: dict[str, tuple[str, bool]] = {}
+        self.lost_at: float | None = None
+        self.cut = False  # SIGTERM from the job's time limit
+
+    def say(self, text: str) -> None:
+        sys.stdout.write(f"dscluster: {text}\n")
+        sys.stdout.flush()
+
+    def run(self) -> int:
+        key, _, value = self.args.marker.partition("=")
+        env = dict(os.environ, **{key: value})
+        proc = subprocess.Popen(
+            self.args.argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+        lines: queue.Queue[bytes | None] = queue.Queue()
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            for raw in iter(proc.stdout.readline, b""):
+                lines.put(raw)
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        signal.signal(signal.SIGTERM, self._on_term)
+        ended_by_us = False
+        eof = False
+        while True:
+            try:
+                raw = lines.get(timeout=0.5)
+            except queue.Empty:
+                raw = b""
+            if raw is None:
+                eof = True
+            elif raw:
+                line = raw.decode(errors="replace")
+                sys.stdout.write(line if line.endswith("\n") else line + "\n")
+                sys.stdout.flush()
+                self._note(line.rstrip("\n"))
+            if eof and proc.poll() is not None:
+                break
+            if self.cut:
+                self.say("the job's time limit was reached; ending the launcher")
+                self._end(proc)
+                ended_by_us = True
+                break
+            if self.lost_at is not None and time.monotonic() - self.lost_at >= self.args.grace:
+                self.say(
+                    f"ending the launcher {self.args.grace:g} s after losing {', '.join(self.lost)}"
+                )
+                self._end(proc)
+                ended_by_us = True
+                break
+        rc = proc.wait()
+        rc = 128 - rc if rc < 0 else rc
+        if rc != 0 or self.lost:
+            self._reap()
+        if ended_by_us:
+            return 124 if self.cut else 1
+        return rc
+
+    def _on_term(self, signum, frame) -> None:
+        self.cut = True
+
+    def _note(self, line: str) -> None:
+        found = lost_line(line)
+        if found is None:
+            return
+        host, why, unreachable = found
+        if host in self.lost:
+            return
+        self.lost[host] = (why, unreachable)
+        if self.lost_at is None:
+            self.lost_at = time.monotonic()
+            self.say(
+                f"lost node {host} ({why}); the job ends within {self.args.grace:g} s "
+                "unless it ends by itself"
+            )
+
+    def _end(self, proc: subprocess.Popen) -> None:
+        """SIGTERM to the launcher (DeepSpeed's runner then kills its remote launchers),
+        SIGKILL to its whole process group after term_wait seconds."""
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=self.args.term_wait)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    def _reap(self) -> None:
+        """Kill what is left of the job on every node that can still be reached."""
+        hosts = [h for h in self.args.hosts.split(",") if h and not self.lost.get(h, ("", 0))[1]]
+        if not hosts:
+            return
+        key = self.args.marker.partition("=")[0]
+        env = {k: v for k, v in os.environ.items() if k != key}
+        argv = ["pdsh", "-S", "-u", str(self.args.reap_timeout), "-w", ",".join(hosts)]
+        argv.append(reap_command(self.args.marker))
+        try:
+            subprocess.run(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=self.args.reap_timeout + 5,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            self.say(f"could not end the job's processes on {', '.join(hosts)}: {exc}")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--grace", type=float, default=10.0, help="seconds after a node is lost")
+    parser.add_argument("--term-wait", type=float, default=5.0, help="seconds after SIGTERM")
+    parser.add_argument("--reap-timeout", type=int, default=6, help="pdsh -u for the reaping")
+    parser.add_argument("--marker", required=True, help="KEY=VALUE set in the job's environment")
+    parser.add_argument("--hosts", required=True, help="the job's nodes, comma-separated")
+    parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- launcher argv")
+    args = parser.parse_args(argv)
+    if args.argv[:1] == ["--"]:
+        args.argv = args.argv[1:]
+    if not args.argv or "=" not in args.marker:
+        parser.error("give --marker KEY=VALUE and the launcher after --")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    return Watch(parse_args(sys.argv[1:] if argv is None else argv)).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

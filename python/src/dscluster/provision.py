@@ -1,0 +1,140 @@
+"""`dscluster provision`: run a playbook over the inventory, then write the launch files.
+
+A node that fails or cannot be reached does not stop the others: the playbooks leave it
+behind and go on. The run then ends non-zero naming that node, and the hostfile and
+`.deepspeed_env` stay exactly as they were, unless `--allow-degraded`: then they are written
+without the failed nodes, a warning names them, and `inventories/<name>/degraded.json`
+keeps them out of later hostfiles (hostfile, smoke, launch) until a provision succeeds on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+from .errors import DsclusterError
+from .util import print_warnings
+
+# The playbook that provisions a node completely: only a run of it without --tags that
+# succeeds on a node takes that node out of the degraded record.
+FULL_PLAYBOOK = "site.yml"
+
+
+def add_parsers(sub, add_inventory) -> None:
+    prov = sub.add_parser("provision", help="run playbooks/site.yml with live progress")
+    add_inventory(prov)
+    prov.add_argument("--playbook", default="site.yml", help="playbook under playbooks/")
+    prov.add_argument("--limit", help="Ansible host pattern to limit the run")
+    prov.add_argument("--tags", help="only plays/tasks with these tags")
+    prov.add_argument("--timeout", type=int, default=None, help="seconds before the run is cut")
+    prov.add_argument(
+        "--allow-degraded",
+        action="store_true",
+        help="when some nodes fail, write the hostfile without them (recorded in "
+        "degraded.json until a provision succeeds on them) and exit 0",
+    )
+    prov.set_defaults(func=cmd_provision)
+
+
+def failed_nodes(result, hosts: list[str]) -> dict[str, str]:
+    """Inventory host -> why, for every host the run failed on or could not reach."""
+    why: dict[str, str] = {}
+    for host, task, msg in result.failures:
+        if host in hosts and host not in why:
+            unreachable = result.hosts.get(host) and result.hosts[host].unreachable
+            kind = "unreachable" if unreachable else "failed"
+            why[host] = f"{kind} at '{task}': {msg[:160]}"
+    for host in result.failed_hosts:
+        if host in hosts:
+            why.setdefault(host, "failed")
+    return why
+
+
+def succeeded_nodes(args, result, hosts: list[str], failed: dict[str, str]) -> list[str]:
+    """Hosts a full run (site.yml, no --tags) reached and finished without a failure."""
+    if args.playbook != FULL_PLAYBOOK or args.tags:
+        return []
+    return [
+        h
+        for h in hosts
+        if h not in failed and h in result.hosts and (result.hosts[h].ok or result.hosts[h].changed)
+    ]
+
+
+def cmd_provision(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from .hostfile import (  # noqa: PLC0415
+        check_degraded,
+        read_degraded,
+        update_degraded,
+        utc_now,
+        write_degraded,
+        write_launch_files,
+    )
+    from .inventory import load  # noqa: PLC0415
+    from .runner import raise_for_failures, run_playbook, summary_table  # noqa: PLC0415
+
+    inv = load(args.inventory)
+    hosts = inv.hosts
+    previous = read_degraded(inv)
+    result = run_playbook(
+        args.playbook, inv, limit=args.limit, tags=args.tags, timeout=args.timeout, console=err
+    )
+    out.print(summary_table(result, f"{args.playbook} on {len(hosts)} hosts"))
+    failed = failed_nodes(result, hosts)
+    # A failure no host owns (a timeout, a broken playbook) cannot be degraded around.
+    unowned = [f for f in result.failures if f[0] not in hosts]
+    what = f"provisioning ({args.playbook})"
+    if failed and args.allow_degraded and not unowned:
+        record = update_degraded(
+            previous,
+            failed=failed,
+            succeeded=succeeded_nodes(args, result, hosts, failed),
+            now=utc_now(),
+        )
+        check_degraded(hosts, inv.head, record)
+        files = write_launch_files(inv, excluded=record)
+        write_degraded(inv, record)
+        out.print(
+            f"provisioned {len(hosts) - len(failed)} of {len(hosts)} hosts, "
+            f"{result.changed_total} changes"
+        )
+        _say_written(out, files)
+        print_warnings(err, files.warnings)
+        return 0
+    if failed or result.rc != 0:
+        try:
+            raise_for_failures(result, what)
+        except DsclusterError as exc:
+            raise DsclusterError(
+                f"{exc}; hostfile and .deepspeed_env left unchanged (fix the node(s) and run "
+                "again, or pass --allow-degraded to go on without failed nodes)"
+            ) from None
+    out.print(f"provisioned {len(hosts)} hosts, {result.changed_total} changes")
+    record = update_degraded(
+        previous, failed={}, succeeded=succeeded_nodes(args, result, hosts, {}), now=utc_now()
+    )
+    try:
+        files = write_launch_files(inv, excluded=record)
+    except DsclusterError as exc:
+        if args.playbook == FULL_PLAYBOOK and not args.tags and not args.limit:
+            raise
+        # A partial run (one playbook, some tags or hosts) may not have recorded facts yet.
+        print_warnings(err, [f"hostfile and .deepspeed_env not rewritten: {exc}"])
+        return 0
+    write_degraded(inv, record)
+    back = [h for h in previous if h not in record]
+    if back:
+        out.print(f"degraded record cleared: {', '.join(back)} back in the hostfile")
+    _say_written(out, files)
+    print_warnings(err, files.warnings)
+    return 0
+
+
+def _say_written(out: Console, files) -> None:
+    out.print(
+        f"wrote {files.hostfile} ({files.world_size} slots on {len(files.facts)} hosts)",
+        markup=False,
+        highlight=False,
+    )
+    out.print(f"wrote {files.env_file}", markup=False, highlight=False)

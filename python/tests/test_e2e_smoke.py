@@ -1,0 +1,154 @@
+"""Smoke test depth end to end on the shared e2e cluster: the ZeRO x CPU-offload matrix in
+one launch, the pairwise bandwidth matrix and the PNG report; then a slow link injected for
+real with `tc` (a token-bucket rate limit) inside one node's network namespace, flagged as a
+straggler naming that node, in a run of ZeRO-3 with NVMe offload (run where async_io is
+usable on every node, else reported skipped naming the nodes). Needs a Docker engine and a
+provisioned cluster."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+
+import pytest
+from PIL import Image
+
+from .e2e_cluster import NAME, NODES, docker, dsc
+
+pytestmark = pytest.mark.docker
+
+HOSTS = [f"{NAME}-n{i}" for i in range(1, NODES + 1)]
+# Not the launchers' default 29500, nor test_e2e_launch's 29517.
+PORT = "29518"
+RATE_LIMIT = ("qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "200mbit", "burst", "256kb",
+              "latency", "50ms")  # fmt: skip
+
+
+def latest_report(cluster: pathlib.Path) -> dict:
+    return json.loads((cluster / "reports" / "smoke-latest.json").read_text())
+
+
+def check_png(report: dict, cluster: pathlib.Path) -> None:
+    png = pathlib.Path(report["png"])
+    assert png.parent == cluster / "reports" and png.name == f"{report['run_id']}.png"
+    with Image.open(png) as image:
+        assert image.format == "PNG" and image.size[0] > 600 and image.size[1] > 300
+    assert (cluster / "reports" / "smoke-latest.png").read_bytes() == png.read_bytes()
+
+
+def test_zero_matrix_with_cpu_offload_in_one_launch(cluster: pathlib.Path):
+    proc = dsc(
+        "smoke", "-i", str(cluster), "--zero", "1,2,3", "--offload", "cpu", "--steps", "12",
+        "--no-doctor",
+        "--master-port", PORT, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = latest_report(cluster)
+    assert report["ok"] is True and report["world_size"] == NODES
+    assert (report["zero_stages"], report["offload"]) == ([1, 2, 3], "cpu")
+    configs = report["configs"]
+    assert [(c["name"], c["status"]) for c in configs] == [
+        (name, "passed") for name in ("zero1", "zero1+cpu", "zero2", "zero2+cpu", "zero3",
+                                      "zero3+cpu")
+    ]  # fmt: skip
+    for config in configs:
+        assert all(config["checks"].values()), config["name"]
+        assert sorted(r["rank"] for r in config["ranks"]) == list(range(NODES))
+        assert {r["host"] for r in config["ranks"]} == set(HOSTS)
+        assert all(r["last_loss"] < r["first_loss"] for r in config["ranks"])
+        assert len({r["checksum"] for r in config["ranks"]}) == 1
+    # What each live engine did, by DeepSpeed's own state: offload only where asked, and
+    # ZeRO-3's parameters offloaded too; optimizer state stepped by DeepSpeed's CPU Adam.
+    for config in configs:
+        for r in config["ranks"]:
+            engine = r["engine"]
+            assert engine["zero_stage"] == config["zero_stage"]
+            offloaded = config["offload"] == "cpu"
+            assert engine["optimizer_offload"] is offloaded, (config["name"], engine)
+            assert engine["param_offload"] is (offloaded and config["zero_stage"] == 3)
+            assert not engine["optimizer_swap_nvme"] and not engine["param_swap_nvme"]
+            if offloaded:
+                assert engine["optimizer"] == "DeepSpeedCPUAdam", engine
+    # Every pair of nodes measured both ways; a healthy cluster has no straggler.
+    p2p = report["p2p"]
+    assert p2p["hosts"] == HOSTS
+    for i in range(NODES):
+        for j in range(NODES):
+            assert (p2p["gbps"][i][j] is None) == (i == j)
+            assert i == j or p2p["gbps"][i][j] > 0.1, p2p["gbps"]
+    assert report["stragglers"] == [], report["stragglers"]
+    # The tables show every configuration and link; the picture renders.
+    assert "zero3+cpu" in proc.stdout and "point-to-point GB/s" in proc.stdout
+    assert f"smoke test passed: {NODES} ranks" in proc.stdout
+    assert report["png"] in proc.stdout
+    check_png(report, cluster)
+
+
+def tc(container: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """tc from the host inside the container's network namespace (the node's own eth0)."""
+    pid = docker("inspect", "-f", "{{.State.Pid}}", container).strip()
+    return subprocess.run(
+        ["nsenter", "-t", pid, "-n", "tc", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
+
+
+def test_slow_link_is_flagged_as_a_straggler_naming_the_node(cluster: pathlib.Path):
+    """One node's egress limited to 200 Mbit/s for real; the job also runs ZeRO-3 with NVMe offload
+    where async_io is usable on every node, and says which node and why where it is not."""
+    slow = HOSTS[-1]
+    container = f"dsc-{slow}"
+    # A token bucket (this kernel has tbf and htb, not netem): 200 Mbit/s out of the node.
+    added = tc(container, *RATE_LIMIT)
+    assert added.returncode == 0, added.stderr
+    try:
+        assert "tbf" in tc(container, "qdisc", "show", "dev", "eth0").stdout
+        proc = dsc(
+            "smoke", "-i", str(cluster), "--zero", "3", "--offload", "nvme", "--steps", "12",
+            "--no-doctor",
+            "--master-port", PORT, "--fail-on-straggler", timeout=600,
+        )  # fmt: skip
+    finally:
+        removed = tc(container, "qdisc", "del", "dev", "eth0", "root")
+    assert removed.returncode == 0, removed.stderr
+    assert "tbf" not in tc(container, "qdisc", "show", "dev", "eth0").stdout
+    report = latest_report(cluster)
+    # The job itself passed: ZeRO-3, and ZeRO-3 with NVMe offload run or skipped with why.
+    assert report["ok"] is True, proc.stderr[-3000:]
+    zero3, nvme = report["configs"]
+    assert (zero3["name"], zero3["status"]) == ("zero3", "passed")
+    assert nvme["name"] == "zero3+nvme" and set(report["aio"]) == set(HOSTS)
+    unusable = [h for h, state in report["aio"].items() if not state["usable"]]
+    if unusable:  # named, never dropped
+        assert nvme["status"] == "skipped", nvme
+        assert nvme["skip"].startswith("async_io op not usable on "), nvme["skip"]
+        assert all(host in nvme["skip"] for host in unusable)
+        assert all(report["aio"][h]["reason"] in nvme["skip"] for h in unusable)
+    else:
+        assert nvme["status"] == "passed" and all(nvme["checks"].values()), nvme
+        for r in nvme["ranks"]:  # swapped to node-local disk for real
+            assert r["engine"]["optimizer_swap_nvme"] and r["engine"]["param_swap_nvme"], r
+    for host in HOSTS:  # the node-local swap directory is gone after the run
+        left = docker("exec", f"dsc-{host}", "ls", "-a", "/tmp/dscluster-nvme")
+        assert report["run_id"] not in left
+    # ... but the node behind the slowed NIC is named, and --fail-on-straggler fails the run.
+    stragglers = report["stragglers"]
+    assert [(s["kind"], s["nodes"], s["metric"]) for s in stragglers] == [
+        ("node", [slow], "bandwidth")
+    ], stragglers
+    i = HOSTS.index(slow)
+    gbps = report["p2p"]["gbps"]
+    # 200 Mbit/s = 0.025 GB/s out of the slowed node; the other links stay far above it
+    assert all(gbps[i][j] < 0.03 for j in range(NODES) if j != i), gbps
+    assert gbps[0][1] > 4 * 0.025 and gbps[1][0] > 4 * 0.025, gbps
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: straggler")]
+    assert warnings == [f"warning: {stragglers[0]['message']}"], proc.stderr[-2000:]
+    assert warnings[0].startswith(f"warning: straggler: node {slow}: median link bandwidth ")
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"dscluster: error: 1 straggler(s) on {slow} (--fail-on-straggler)")
+    check_png(report, cluster)

@@ -1,0 +1,397 @@
+#!/usr/bin/env python3
+"""dscluster doctor's probe: runs on the nodes (system python3, stdlib only) and prints JSON.
+
+Subcommands, each bounded in time and never failing on what it finds (findings are data;
+the controller judges them):
+  node     this node's own checks: name resolution of every cluster host, /dev/shm, free
+           disk, the versions manifest (live, through the cluster venv), libaio and the
+           async_io op, socket interface names, accelerators detected now, the shared token
+  listen   bind the rendezvous port / sampled ephemeral ports, answer each connection with
+           this node's name, for a bounded time (started in the background by Ansible)
+  connect  TCP connect to every other node's listeners, in parallel, bounded per attempt
+  ssh      as the training user: ssh BatchMode=yes StrictHostKeyChecking=yes to every host,
+           with the remote clock read over the same session (offset)
+  pdsh     as the training user on the head: pdsh -R ssh to all hosts (DeepSpeed's path),
+           reading each node's `ulimit -l` as the launcher's sessions see it
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import glob
+import json
+import os
+import pathlib
+import random
+import re
+import selectors
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+BANNER = b"dscluster-doctor "
+
+
+def run(argv: list[str], timeout: float, env: dict | None = None) -> tuple[int, str, str]:
+    try:
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, check=False, env=env
+        )
+    except FileNotFoundError:
+        return 127, "", f"{argv[0]}: not found"
+    except subprocess.TimeoutExpired:
+        return 124, "", f"{' '.join(argv[:3])}...: no answer within {timeout:.0f} s"
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+# ---- node ----------------------------------------------------------------------------------
+
+
+def resolve(hosts: dict[str, str]) -> dict[str, dict]:
+    """Each host name as this node resolves it (getent ahostsv4: /etc/hosts, DNS, nss)."""
+    result = {}
+    for name, expected in hosts.items():
+        rc, out, _ = run(["getent", "ahostsv4", name], timeout=10)
+        # in getaddrinfo's order: clients (ssh, gloo) try the first address first
+        addresses = list(dict.fromkeys(ln.split()[0] for ln in out.splitlines() if ln.strip()))
+        result[name] = {"expected": expected, "addresses": addresses, "rc": rc}
+    return result
+
+
+def free_space(paths: list[str]) -> dict[str, dict]:
+    out = {}
+    for path in paths:
+        probe = pathlib.Path(path)
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent  # a venv not made yet: the filesystem it would go on
+        st = os.statvfs(probe)
+        out[path] = {"free_bytes": st.f_bavail * st.f_frsize, "measured_at": str(probe)}
+    return out
+
+
+def shm() -> dict:
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError as exc:
+        return {"size_bytes": 0, "error": str(exc)}
+    return {"size_bytes": st.f_blocks * st.f_frsize, "free_bytes": st.f_bavail * st.f_frsize}
+
+
+def versions(venv: str, recorder: str, wheelhouse: str) -> dict:
+    python = f"{venv}/bin/python"
+    if not os.path.exists(python):
+        return {"error": f"{python} does not exist (no cluster venv)"}
+    if not os.path.exists(recorder):
+        return {"error": f"{recorder} does not exist (ml_stack not provisioned)"}
+    rc, out, err = run([python, recorder, wheelhouse], timeout=120)
+    if rc != 0:
+        tail = " ".join(err.strip().splitlines()[-2:])[-300:]
+        return {"error": f"importing torch/deepspeed failed (exit {rc}): {tail}"}
+    try:
+        manifest = json.loads(out)
+    except ValueError:
+        return {"error": f"the versions recorder printed no JSON: {out[:200]}"}
+    manifest.pop("wheels", None)  # lock_sha256 names the wheel set
+    return manifest
+
+
+def libaio(venv: str) -> dict:
+    """libaio in the loader cache, and whether the pre-built async_io op still loads its libs."""
+    _, out, _ = run(["ldconfig", "-p"], timeout=20)
+    present = any("libaio.so.1" in line for line in out.splitlines())
+    ops = sorted(glob.glob(f"{venv}/lib/python3*/site-packages/deepspeed/ops/aio/async_io_op*.so"))
+    ops += sorted(glob.glob(f"{venv}/lib/python3*/site-packages/deepspeed/ops/async_io_op*.so"))
+    missing: list[str] = []
+    # torch's own libraries are found through its lib directory when the op is imported
+    torch_lib = ":".join(glob.glob(f"{venv}/lib/python3*/site-packages/torch/lib"))
+    env = dict(os.environ, LD_LIBRARY_PATH=torch_lib)
+    for op in ops[:1]:
+        _, ldd, _ = run(["ldd", op], timeout=20, env=env)
+        missing = [ln.split()[0] for ln in ldd.splitlines() if "not found" in ln]
+    return {"ldconfig": present, "async_io_op": ops[0] if ops else "", "missing_libs": missing}
+
+
+def ifnames(specs: dict[str, str], nccl_conf: str, profile_script: str, fact: dict) -> dict:
+    """Every socket interface setting this node's ranks will see, checked with NCCL's syntax
+    (the nccl_env role's own checker) against the interfaces that have an IPv4 address."""
+    settings = dict(specs)
+    with contextlib.suppress(OSError):
+        for line in pathlib.Path(nccl_conf).read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "NCCL_SOCKET_IFNAME" and value.strip():
+                settings.setdefault("NCCL_SOCKET_IFNAME", value.strip())
+    result = {}
+    for variable, spec in sorted(settings.items()):
+        if not os.path.exists(profile_script):
+            result[variable] = {"spec": spec, "error": f"{profile_script} missing"}
+            continue
+        proc = subprocess.run(
+            [sys.executable, profile_script, "check-ifname", spec, "--fact", "-"],
+            input=json.dumps(fact),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        entry = {"spec": spec, "matched": proc.stdout.split()}
+        if proc.returncode != 0:
+            entry["error"] = proc.stderr.strip().replace("NCCL_SOCKET_IFNAME", variable)
+        result[variable] = entry
+    return result
+
+
+def accelerators(fact_script: str) -> dict:
+    if not os.path.exists(fact_script):
+        return {"error": f"{fact_script} missing (node_facts not provisioned)"}
+    rc, out, err = run([fact_script], timeout=60)
+    try:
+        return json.loads(out) if rc == 0 else {"error": err.strip()[-300:]}
+    except ValueError:
+        return {"error": f"{fact_script} printed no JSON"}
+
+
+def cmd_node(args: argparse.Namespace) -> dict:
+    hosts = json.loads(args.hosts)
+    fact = accelerators(args.accelerators_fact)
+    shared = {}
+    if args.shared_token:
+        token = pathlib.Path(args.shared_token)
+        try:
+            shared = {"path": str(token), "read": token.read_text().strip()}
+        except OSError as exc:
+            shared = {"path": str(token), "read": "", "error": exc.strerror or str(exc)}
+    return {
+        "hostname": socket.gethostname(),
+        "resolve": resolve(hosts),
+        "shm": shm(),
+        "disk": free_space([p for p in args.paths.split(",") if p]),
+        "versions": versions(args.venv, args.recorder, args.wheelhouse),
+        "libaio": libaio(args.venv),
+        "ifname": ifnames(json.loads(args.ifnames), args.nccl_conf, args.profile_script, fact),
+        "accelerators": {k: fact.get(k) for k in ("kind", "count", "error") if k in fact},
+        "nics": fact.get("nics", []),
+        "shared": shared,
+        "time": time.time(),
+    }
+
+
+# ---- listen / connect ----------------------------------------------------------------------
+
+
+def ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def bind(port: int) -> socket.socket | None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("0.0.0.0", port))
+    except OSError:
+        sock.close()
+        return None
+    sock.listen(64)
+    sock.setblocking(False)
+    return sock
+
+
+def cmd_listen(args: argparse.Namespace) -> dict:
+    """Bind, write the state file (ports bound, ports busy), serve until --seconds pass."""
+    low, high = ephemeral_range()
+    socks: dict[int, socket.socket] = {}
+    busy: list[int] = []
+    if args.rendezvous:
+        sock = bind(args.rendezvous)
+        if sock is None:
+            busy.append(args.rendezvous)
+        else:
+            socks[args.rendezvous] = sock
+    # Ports spread over the whole ephemeral range: the low end, the middle, the high end
+    # (a firewall rule that lets part of the range through is found) and random ones.
+    span = high - low
+    wanted = [low + span * i // max(1, args.ephemeral - 1) for i in range(args.ephemeral)]
+    rng = random.Random()
+    for port in wanted:
+        for candidate in [port, *rng.sample(range(low, high + 1), 20)]:
+            if candidate not in socks and (sock := bind(candidate)) is not None:
+                socks[candidate] = sock
+                break
+    state = {
+        "pid": os.getpid(),
+        "rendezvous": args.rendezvous if args.rendezvous in socks else None,
+        "busy": busy,
+        "ephemeral": sorted(p for p in socks if p != args.rendezvous),
+        "range": [low, high],
+    }
+    tmp = f"{args.state}.tmp"
+    pathlib.Path(tmp).write_text(json.dumps(state))
+    os.replace(tmp, args.state)
+    banner = BANNER + socket.gethostname().encode() + b"\n"
+    selector = selectors.DefaultSelector()
+    for sock in socks.values():
+        selector.register(sock, selectors.EVENT_READ)
+    deadline = time.monotonic() + args.seconds
+    while (left := deadline - time.monotonic()) > 0 and os.path.exists(args.state):
+        for key, _ in selector.select(timeout=min(1.0, left)):
+            with contextlib.suppress(OSError):
+                conn, _ = key.fileobj.accept()
+                with conn:
+                    conn.settimeout(2)
+                    conn.sendall(banner)
+    return state
+
+
+def connect_one(address: str, port: int, timeout: float) -> dict:
+    start = time.monotonic()
+    try:
+        with socket.create_connection((address, port), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            data = b""
+            while not data.endswith(b"\n") and len(data) < 512:
+                chunk = sock.recv(512)
+                if not chunk:
+                    break
+                data += chunk
+    except OSError as exc:
+        reason = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        return {"ok": False, "error": reason, "seconds": round(time.monotonic() - start, 3)}
+    if not data.startswith(BANNER):
+        return {"ok": False, "error": f"something else answers: {data[:40]!r}"}
+    return {"ok": True, "answered": data[len(BANNER) :].decode(errors="replace").strip()}
+
+
+def cmd_connect(args: argparse.Namespace) -> dict:
+    addresses = json.loads(args.addresses)  # {host: address}
+    jobs = []
+    for host, listen in sorted(json.loads(args.listens).items()):  # {host: its listen state}
+        jobs += [(host, addresses[host], port, "ephemeral") for port in listen["ephemeral"]]
+        if listen.get("rendezvous"):
+            jobs.append((host, addresses[host], listen["rendezvous"], "rendezvous"))
+    results: list[dict] = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(64, max(1, len(jobs)))) as pool:
+        futures = {
+            pool.submit(connect_one, a, port, args.timeout): (h, port, k) for h, a, port, k in jobs
+        }
+        for future in concurrent.futures.as_completed(futures):
+            host, port, kind = futures[future]
+            results.append({"host": host, "port": port, "kind": kind, **future.result()})
+    return {"results": sorted(results, key=lambda r: (r["host"], r["port"]))}
+
+
+# ---- ssh / pdsh (as the training user) -----------------------------------------------------
+
+SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
+
+
+def ssh_one(host: str, timeout: int) -> dict:
+    """Log in as a launcher would; the remote clock is read over the same session: the offset
+    is remote - local at the moment the line arrives (LAN latency, not the handshake)."""
+    argv = ["ssh", *SSH_OPTIONS, "-o", f"ConnectTimeout={timeout}", host, "date +%s.%N"]
+    start = time.time()
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+    except FileNotFoundError:
+        return {"ok": False, "error": "ssh: not installed"}
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        arrived = time.time()
+        _, err = proc.communicate(timeout=timeout + 5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return {"ok": False, "error": f"no answer within {timeout + 5} s"}
+    if proc.returncode != 0:
+        lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+        return {"ok": False, "error": (lines[-1] if lines else f"ssh exited {proc.returncode}")}
+    try:
+        remote = float(line.strip())
+    except ValueError:
+        return {"ok": False, "error": f"remote shell printed {line.strip()[:60]!r}, not the time"}
+    return {"ok": True, "offset_s": round(remote - arrived, 4), "rtt_s": round(arrived - start, 3)}
+
+
+def cmd_ssh(args: argparse.Namespace) -> dict:
+    hosts = [h for h in args.hosts.split(",") if h]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(64, len(hosts))) as pool:
+        results = dict(zip(hosts, pool.map(lambda h: ssh_one(h, args.timeout), hosts), strict=True))
+    return {"user": os.environ.get("USER") or os.getlogin(), "results": results}
+
+
+def cmd_pdsh(args: argparse.Namespace) -> dict:
+    hosts = [h for h in args.hosts.split(",") if h]
+    if shutil.which("pdsh") is None:
+        return {"installed": False, "error": "pdsh is not installed on the head"}
+    env = dict(os.environ, PDSH_RCMD_TYPE="ssh")
+    argv = ["pdsh", "-S", "-R", "ssh", "-f", "1024", "-t", str(args.timeout), "-u"]
+    argv += [str(args.timeout * 2), "-w", ",".join(hosts), "echo memlock=$(ulimit -l)"]
+    rc, out, err = run(argv, timeout=args.timeout * 3 + 10, env=env)
+    memlock: dict[str, str] = {}
+    for line in out.splitlines():
+        if m := re.match(r"^(\S+): memlock=(\S+)$", line.strip()):
+            memlock[m[1]] = m[2]
+    errors: dict[str, str] = {}
+    for line in err.splitlines():
+        m = re.match(r"^(?:pdsh@\S+: )?([^:\s]+): (.+)$", line.strip())
+        if m and m[1] in hosts:
+            errors.setdefault(m[1], m[2])
+    return {"installed": True, "rc": rc, "memlock": memlock, "errors": errors}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    node = sub.add_parser("node")
+    node.add_argument("--hosts", required=True, help="JSON {host: address}")
+    node.add_argument("--venv", required=True)
+    node.add_argument("--recorder", required=True)
+    node.add_argument("--wheelhouse", required=True)
+    node.add_argument("--paths", default="")
+    node.add_argument("--ifnames", default="{}", help="JSON {variable: spec}")
+    node.add_argument("--nccl-conf", default="/etc/nccl.conf")
+    node.add_argument("--profile-script", required=True)
+    node.add_argument("--accelerators-fact", required=True)
+    node.add_argument("--shared-token", default="")
+    listen = sub.add_parser("listen")
+    listen.add_argument("--rendezvous", type=int, default=0)
+    listen.add_argument("--ephemeral", type=int, default=3)
+    listen.add_argument("--seconds", type=float, default=120)
+    listen.add_argument("--state", required=True)
+    conn = sub.add_parser("connect")
+    conn.add_argument("--addresses", required=True, help="JSON {host: address}")
+    conn.add_argument("--listens", required=True, help="JSON {host: listen state}")
+    conn.add_argument("--timeout", type=float, default=3)
+    ssh = sub.add_parser("ssh")
+    ssh.add_argument("--hosts", required=True)
+    ssh.add_argument("--timeout", type=int, default=5)
+    pdsh = sub.add_parser("pdsh")
+    pdsh.add_argument("--hosts", required=True)
+    pdsh.add_argument("--timeout", type=int, default=10)
+    args = parser.parse_args(argv)
+    handler = {
+        "node": cmd_node,
+        "listen": cmd_listen,
+        "connect": cmd_connect,
+        "ssh": cmd_ssh,
+        "pdsh": cmd_pdsh,
+    }[args.command]
+    json.dump(handler(args), sys.stdout, sort_keys=True)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
