@@ -133,8 +133,20 @@ def test_slow_link_is_flagged_as_a_straggler_naming_the_node(cluster: pathlib.Pa
         for r in nvme["ranks"]:  # swapped to node-local disk for real
             assert r["engine"]["optimizer_swap_nvme"] and r["engine"]["param_swap_nvme"], r
     for host in HOSTS:  # the node-local swap directory is gone after the run
-        left = docker("exec", f"dsc-{host}", "ls", "-a", "/tmp/dscluster-nvme")
-        assert report["run_id"] not in left
+        gone = subprocess.run(
+            [
+                "docker",
+                "exec",
+                f"dsc-{host}",
+                "test",
+                "!",
+                "-e",
+                f"/tmp/dscluster-nvme/{report['run_id']}",
+            ],
+            check=False,
+            timeout=30,
+        )
+        assert gone.returncode == 0, f"/tmp/dscluster-nvme/{report['run_id']} left on {host}"
     # ... but the node behind the slowed NIC is named, and --fail-on-straggler fails the run.
     stragglers = report["stragglers"]
     assert [(s["kind"], s["nodes"], s["metric"]) for s in stragglers] == [
