@@ -25,8 +25,11 @@ WHO_AM_I = textwrap.dedent(
     """\
     import json, os, socket, sys
     args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
-    print("WHOAMI " + json.dumps({"rank": os.environ.get("RANK"),
-          "world": os.environ.get("WORLD_SIZE"), "host": socket.gethostname(), "args": args}))
+    # one write per line: print() under PYTHONUNBUFFERED writes the text and the newline
+    # separately, and mpirun may forward another rank's text in between
+    os.write(1, ("WHOAMI " + json.dumps({"rank": os.environ.get("RANK"),
+             "world": os.environ.get("WORLD_SIZE"), "host": socket.gethostname(),
+             "args": args}) + "\\n").encode())
     sys.exit(3 if "--fail-on" in args and socket.gethostname() == args[-1] else 0)
     """
 )
