@@ -18,7 +18,7 @@ import pathlib
 import secrets
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -26,6 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .errors import DsclusterError
+from .hostfile import parse_env_file
 from .inventory import Inventory
 from .util import atomic_write, cache_dir
 
@@ -652,13 +653,7 @@ def _recorded(inv: Inventory) -> dict[str, dict[str, Any]]:
 
 def _env_file(inv: Inventory) -> dict[str, str]:
     path = inv.directory / ".deepspeed_env"
-    env: dict[str, str] = {}
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            key, sep, value = line.partition("=")
-            if sep:
-                env[key.strip()] = value.strip()
-    return env
+    return parse_env_file(path.read_text(), str(path)) if path.is_file() else {}
 
 
 def run_doctor(
@@ -786,6 +781,16 @@ def summary_line(report: DoctorReport) -> str:
         f"doctor: {len(fails)} failure(s) on {', '.join(where)} ({', '.join(checks)}); "
         f"first: {problem_lines(report)[0]}"
     )
+
+
+def preflight(
+    inv: Inventory, *, master_port: int, console: Console, what: str, skip: bool
+) -> Callable[[], None] | None:
+    """The doctor run `smoke`/`launch` make once their launch files are written, or None
+    with --no-doctor."""
+    if skip:
+        return None
+    return lambda: require_healthy(inv, master_port=master_port, console=console, what=what)
 
 
 def require_healthy(inv: Inventory, *, master_port: int, console: Console, what: str) -> None:

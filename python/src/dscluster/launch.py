@@ -839,11 +839,7 @@ def cmd_launch(args, out: Console, err: Console) -> int:
     if not program:
         raise DsclusterError("no script to run; put it after '--': dscluster launch -- train.py")
     inv = load(args.inventory)
-
-    def preflight() -> None:
-        from .doctor import require_healthy  # noqa: PLC0415
-
-        require_healthy(inv, master_port=args.master_port, console=err, what="launch")
+    from .doctor import preflight  # noqa: PLC0415
 
     plan, result = launch(
         inv,
@@ -860,7 +856,9 @@ def cmd_launch(args, out: Console, err: Console) -> int:
         num_gpus=args.num_gpus,
         out=out,
         console=err,
-        preflight=None if args.no_doctor else preflight,
+        preflight=preflight(
+            inv, master_port=args.master_port, console=err, what="launch", skip=args.no_doctor
+        ),
     )
     if result is None:
         return 0

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import pathlib
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
@@ -218,6 +218,7 @@ def run_smoke(
     straggler_factor: float = DEFAULT_STRAGGLER_FACTOR,
     p2p_mb: float = 8.0,
     console: Console | None = None,
+    preflight: Callable[[], None] | None = None,
 ) -> tuple[dict[str, Any], pathlib.Path]:
     """Stage the job on the head, launch it across every slot with `launcher`, fetch the
     report, find stragglers, write the JSON and PNG reports. Returns (report, JSON path);
@@ -234,6 +235,8 @@ def run_smoke(
         )
     files = write_launch_files(inv)
     print_warnings(console, files.warnings)
+    if preflight is not None:
+        preflight()  # doctor, against the hostfile just written
     run_id = new_run_id("smoke")
     zero_arg = ",".join(str(s) for s in stages)
     program = ["smoke_job.py", "--zero", zero_arg, "--steps", str(steps)]
@@ -467,11 +470,8 @@ def cmd_smoke(args, out: Console, err: Console) -> int:
     from .inventory import load  # noqa: PLC0415
 
     inv = load(args.inventory)
-    if not args.no_doctor:
-        from .doctor import require_healthy  # noqa: PLC0415
+    from .doctor import preflight  # noqa: PLC0415
 
-        write_launch_files(inv)  # doctor compares the hostfile with the nodes
-        require_healthy(inv, master_port=args.master_port, console=err, what="smoke")
     report, path = run_smoke(
         inv,
         zero=args.zero,
@@ -482,6 +482,9 @@ def cmd_smoke(args, out: Console, err: Console) -> int:
         master_port=args.master_port,
         straggler_factor=args.straggler_factor,
         console=err,
+        preflight=preflight(
+            inv, master_port=args.master_port, console=err, what="smoke", skip=args.no_doctor
+        ),
     )
     stragglers = report.get("stragglers", [])
     failing = bool(stragglers) and args.fail_on_straggler
