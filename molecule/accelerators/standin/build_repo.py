@@ -8,6 +8,13 @@ like Habana's vault), the signing key and the packages: real names and versions,
 Depends and the files they ship. In file contents and Depends, @version@ is the package
 version, @upstream@ the version without the Debian revision, and any other @key@ a key of
 that version's entry (versions may be plain strings or mappings with extra keys).
+
+Lustre (helper lustre6): @running_kernel@ anywhere in the spec is replaced by
+$STANDIN_RUNNING_KERNEL (the kernel the test machine runs, `uname -r`) before the spec is
+read; packages of the same name are built once (the first wins, so a running kernel that
+equals a listed one is no duplicate); `repository.exclude_running_kernel: true` drops every
+package named for the running kernel (the "mismatch" repositories); `repository.pool`
+places the pool of a dists layout elsewhere than pool/<component> (FSx: pool/<suite>/l/lu).
 """
 
 import gzip
@@ -122,10 +129,37 @@ def export_key(uid, dest):
         fh.write(key)
 
 
+def load_spec(spec_path):
+    with open(spec_path) as fh:
+        text = fh.read()
+    kernel = os.environ.get("STANDIN_RUNNING_KERNEL", "")
+    if "@running_kernel@" in text:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9+.-]*", kernel):
+            raise SystemExit(
+                f"{spec_path}: STANDIN_RUNNING_KERNEL={kernel!r} is not a kernel release usable"
+                " in a Debian package name (uname -r, lowercase)"
+            )
+        text = text.replace("@running_kernel@", kernel)
+    spec = yaml.safe_load(text)
+    seen, packages = set(), []
+    for pkg in spec["packages"]:
+        if pkg["name"] in seen:
+            continue
+        if (
+            spec["repository"].get("exclude_running_kernel")
+            and kernel
+            and pkg["name"].endswith("-" + kernel)
+        ):
+            continue
+        seen.add(pkg["name"])
+        packages.append(pkg)
+    spec["packages"] = packages
+    return spec
+
+
 def main():
     spec_path, outdir = sys.argv[1], sys.argv[2]
-    with open(spec_path) as fh:
-        spec = yaml.safe_load(fh)
+    spec = load_spec(spec_path)
     repo = spec["repository"]
     root = os.path.join(outdir, repo["path"])
     workdir = tempfile.mkdtemp()
@@ -134,7 +168,7 @@ def main():
             pool = root
             os.makedirs(pool, exist_ok=True)
         else:
-            pool = os.path.join(root, "pool", repo["component"])
+            pool = os.path.join(root, repo.get("pool", os.path.join("pool", repo["component"])))
             os.makedirs(pool, exist_ok=True)
         for pkg in spec["packages"]:
             for entry in pkg["versions"]:
@@ -150,7 +184,9 @@ def main():
         suite, comp = repo["suite"], repo["component"]
         dist = os.path.join("dists", suite)
         write_packages(
-            root, os.path.join("pool", comp), os.path.join(root, dist, comp, "binary-amd64")
+            root,
+            repo.get("pool", os.path.join("pool", comp)),
+            os.path.join(root, dist, comp, "binary-amd64"),
         )
         release(
             repo,
