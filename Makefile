@@ -97,8 +97,8 @@ e2e: images ## End-to-end test: local cluster, provision, hostfile, smoke, DeepS
 	bash scripts/pytest.sh -m docker --durations=25
 
 .PHONY: molecule
-molecule: images ## Both molecule scenarios, side by side (each one's output printed when it ends)
-	@$(MAKE) --no-print-directory -j2 --output-sync=target molecule-cluster molecule-accelerators
+molecule: images ## The three molecule scenarios, two at a time (each one's output printed when it ends)
+	@$(MAKE) --no-print-directory -j2 --output-sync=target molecule-cluster molecule-accelerators molecule-storage
 
 .PHONY: molecule-cluster
 molecule-cluster: images ## molecule test -s cluster (head + 1 worker, converge = site.yml)
@@ -112,19 +112,27 @@ molecule-accelerators: images ## molecule test -s accelerators (NVIDIA/CUDA/Gaud
 	DSCLUSTER_STANDIN_IMAGE=$$(bash molecule/accelerators/standin/image.sh) \
 	  $(NICE) $(BIN)/molecule test -s accelerators
 
+.PHONY: molecule-storage
+molecule-storage: images ## molecule test -s storage (NFS server on the head, NFS clients; exports, fstab, mount units)
+	DSCLUSTER_NODE_IMAGE=$$($(DSC) image) $(NICE) $(BIN)/molecule test -s storage
+
+.PHONY: dsconfig
+dsconfig: venv ## DeepSpeed config checked on the cluster; INV=local ZERO=3 OFFLOAD=cpu|nvme|none
+	$(DSC) dsconfig -i $(INV_PATH) --zero $(ZERO) --offload $(or $(OFFLOAD),none)
+
 .PHONY: training-image
 training-image: venv engine ## Multi-node training image from a wheelhouse (VARIANT=cpu|cuda|gaudi WHEELHOUSE=dir)
 	@test -n "$(WHEELHOUSE)" || { echo "set WHEELHOUSE=~/.cache/dscluster/wheelhouse/<key> (made by 'make provision')"; exit 1; }
 	bash docker/training/build.sh $(or $(VARIANT),cpu) $(WHEELHOUSE)
 
 .PHONY: test
-test: lint images ## Everything: lint, then unit, both molecule scenarios and e2e side by side
+test: lint images ## Everything: lint, then unit, the molecule scenarios and e2e side by side
 	@$(MAKE) --no-print-directory -j3 --output-sync=target unit molecule-serial e2e NICE="nice -n 10"
 
-# The two scenarios one after the other: beside e2e, two converges at once slow e2e's own.
+# The scenarios one after the other: beside e2e, two converges at once slow e2e's own.
 .PHONY: molecule-serial
 molecule-serial: images
-	@$(MAKE) --no-print-directory molecule-accelerators molecule-cluster
+	@$(MAKE) --no-print-directory molecule-accelerators molecule-storage molecule-cluster
 
 .PHONY: bench
 bench: images ## Timings: demo cold vs warm, re-converge, job start with/without pre-built ops

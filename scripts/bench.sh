@@ -47,8 +47,9 @@ sdist=$(ls "$CACHE"/wheelhouse/*/src/deepspeed-*.tar.gz | head -1)
 docker cp "$sdist" "$head:/tmp/"
 docker exec "$head" bash -euc '
   rm -rf /opt/bench-jit /tmp/bench-ext && python3 -m venv /opt/bench-jit
-  grep -v "^deepspeed==" /opt/dscluster/wheelhouse/requirements.lock | grep -v "^#" > /tmp/bench-req.txt
-  /opt/bench-jit/bin/pip install -q --no-index --find-links /opt/dscluster/wheelhouse --require-hashes -r /tmp/bench-req.txt
+  wh=/shared/dscluster/wheelhouse; [ -f $wh/requirements.lock ] || wh=/opt/dscluster/wheelhouse
+  grep -v "^deepspeed==" $wh/requirements.lock | grep -v "^#" > /tmp/bench-req.txt
+  /opt/bench-jit/bin/pip install -q --no-index --find-links $wh --require-hashes -r /tmp/bench-req.txt
   DS_BUILD_OPS=0 /opt/bench-jit/bin/pip install -q --no-index --no-build-isolation --no-deps /tmp/deepspeed-*.tar.gz'
 run_one() {  # venv, label
   docker exec -e MASTER_ADDR=127.0.0.1 -e MASTER_PORT=29610 -e RANK=0 -e WORLD_SIZE=1 -e LOCAL_RANK=0 \

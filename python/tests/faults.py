@@ -39,7 +39,9 @@ def remove_known_host(container: str, host: str) -> Undo:
 
 OTHER_DEEPSPEED = r"""
 import base64, hashlib, pathlib, re, sys, zipfile
-src = next(pathlib.Path('/opt/dscluster/wheelhouse').glob('deepspeed-*.whl'))
+# The node's wheelhouse: on shared storage (the local cluster's volume), else its own copy.
+src = next(w for d in ('/shared/dscluster/wheelhouse', '/opt/dscluster/wheelhouse')
+           for w in pathlib.Path(d).glob('deepspeed-*.whl'))
 old = src.name.split('-')[1]
 new = sys.argv[1]
 dst = pathlib.Path('/tmp') / src.name.replace(f'-{old}-', f'-{new}-')

@@ -393,7 +393,7 @@ def test_watch_passes_the_marker_to_the_launcher_alone(tmp_path, fake_pdsh):
 
 
 def test_watch_ends_the_job_on_sigterm(tmp_path, fake_pdsh):
-    proc, started, _ = watch(tmp_path, "echo started\nsleep 300 & echo $! > hang.pid; wait\n")
+    proc, started, _ = watch(tmp_path, "sleep 300 & echo $! > hang.pid; echo started; wait\n")
     assert proc.stdout.readline() == "started\n"
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)

@@ -113,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import doctor  # noqa: PLC0415
 
     doctor.add_parsers(sub, add_inventory)
+    from . import dsconfig  # noqa: PLC0415
+
+    dsconfig.add_parsers(sub, add_inventory)
     return parser
 
 

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from . import storage
 from .errors import DsclusterError
 from .hostfile import parse_env_file
 from .inventory import Inventory
@@ -680,7 +681,7 @@ def run_doctor(
     recorded = _recorded(inv)
     env = _env_file(inv)
     token = secrets.token_hex(8)
-    shared = bool(inv.var(inv.head, "dscluster_shared_storage", False))
+    shared = storage.inventory_paths(inv).shared
     out_dir = pathlib.Path(tempfile.mkdtemp(prefix="doctor-", dir=cache_dir()))
     try:
         result = run_playbook(

@@ -29,6 +29,7 @@ from typing import Any
 
 from .errors import DsclusterError
 from .inventory import Inventory
+from .storage import inventory_paths
 from .util import atomic_write
 
 HOSTNAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
@@ -56,6 +57,8 @@ class NodeFacts:
     versions: Mapping[str, Any]
     # The node's nccl_env fact ({"profile", "env", "socket_ifname"}); {} on older facts.
     nccl_env: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # Accelerator model names (nvidia-smi / hl-smi / lspci), () when none were recorded.
+    models: tuple[str, ...] = ()
 
     @property
     def slots(self) -> int:
@@ -82,6 +85,12 @@ class NodeFacts:
                 cpus=int(acc.get("cpus", 1)),
                 versions=dict(data.get("versions", {})),
                 nccl_env=dict(nccl_env),
+                models=tuple(
+                    str(m)
+                    for m in (acc.get("nvidia") or {}).get("models")
+                    or (acc.get("habana") or {}).get("models")
+                    or ()
+                ),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise DsclusterError(
@@ -391,7 +400,15 @@ def write_launch_files(
         check_degraded(inv.hosts, inv.head, excluded)
     facts = load_facts(inv, exclude=excluded)
     hostfile_text = render_hostfile((f.host, f.slots) for f in facts)
-    extra = dict(inv.var(inv.head, "dscluster_extra_env", {}) or {})
+    # Where a job keeps checkpoints and NVMe swap files (the inventory's path set); a job
+    # reads them from its environment. dscluster_extra_env may override them.
+    paths = inventory_paths(inv)
+    extra = {
+        "DSCLUSTER_CHECKPOINT_DIR": paths.checkpoint_dir,
+        "DSCLUSTER_SCRATCH_DIR": paths.scratch_dir,
+        "DSCLUSTER_SHARED_STORAGE": paths.kind,
+    }
+    extra.update(inv.var(inv.head, "dscluster_extra_env", {}) or {})
     extra.update(extra_env or {})
     env, warnings = derive_launch_env(facts, extra)
     env_text = render_env(env)

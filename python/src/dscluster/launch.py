@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from rich.console import Console
 
+from . import storage
 from .errors import DsclusterError
 from .hostfile import (
     SYSTEM_PATH,
@@ -576,8 +577,7 @@ def new_run_id(prefix: str) -> str:
 
 
 def job_dir_for(inv: Inventory, run_id: str) -> str:
-    shared = inv.var(inv.head, "dscluster_shared_dir", "/shared") or "/shared"
-    return f"{shared}/dscluster/jobs/{run_id}"
+    return f"{storage.inventory_paths(inv).jobs_dir}/{run_id}"
 
 
 def plan_for(

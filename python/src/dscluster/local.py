@@ -233,7 +233,7 @@ def _write_inventory(
                 "dscluster_state_dir": str(sdir),
                 "dscluster_training_user": "ds",
                 "dscluster_shared_dir": SHARED_PATH,
-                "dscluster_shared_storage": True,
+                "dscluster_shared_storage": "external",
                 "dscluster_cpu_slots": cpu_slots,
                 "ansible_user": "root",
                 "ansible_ssh_private_key_file": str(key),

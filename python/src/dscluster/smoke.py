@@ -20,6 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from . import storage
 from .errors import DsclusterError
 from .hostfile import write_launch_files
 from .inventory import Inventory
@@ -219,11 +220,20 @@ def run_smoke(
     p2p_mb: float = 8.0,
     console: Console | None = None,
     preflight: Callable[[], None] | None = None,
+    ds_config: pathlib.Path | None = None,
 ) -> tuple[dict[str, Any], pathlib.Path]:
     """Stage the job on the head, launch it across every slot with `launcher`, fetch the
     report, find stragglers, write the JSON and PNG reports. Returns (report, JSON path);
-    raises DsclusterError when the job failed."""
+    raises DsclusterError when the job failed.
+
+    With `ds_config` (a file from `dscluster dsconfig`) the job runs that one configuration
+    instead of the ZeRO matrix, and also saves a checkpoint in dscluster_checkpoint_dir with
+    the file's checkpoint settings, loads it back and compares the weights."""
     console = console or Console(stderr=True)
+    staged: dict[str, pathlib.Path] = {"smoke_job.py": job_source()}
+    if ds_config is not None:
+        staged["ds_config.json"] = _checked_ds_config(ds_config)
+    paths = storage.inventory_paths(inv)
     stages = (zero,) if isinstance(zero, int) else tuple(zero)
     if not stages or any(s not in (0, *ZERO_STAGES) for s in stages):
         raise DsclusterError(f"--zero {stages} is not a list of ZeRO stages; use 1, 2 or 3")
@@ -242,15 +252,23 @@ def run_smoke(
     program = ["smoke_job.py", "--zero", zero_arg, "--steps", str(steps)]
     program += ["--report", "report.json", "--dist-timeout", str(dist_timeout)]
     program += ["--launch-time", LAUNCH_TIME, "--p2p-mb", f"{p2p_mb:g}"]
-    if offload != "none":
-        # Node-local disk, one directory per run (the job removes it at the end).
-        program += ["--offload", offload, "--nvme-dir", f"/tmp/dscluster-nvme/{run_id}"]
+    # NVMe offload swaps to node-local scratch, one directory per run (the job removes it).
+    nvme_dir = f"{paths.scratch_dir}/smoke-nvme/{run_id}"
+    if ds_config is not None:
+        program += ["--ds-config", "ds_config.json", "--nvme-dir", nvme_dir]
+        program += ["--checkpoint-dir", f"{paths.checkpoint_dir}/{run_id}"]
+    elif offload != "none":
+        program += ["--offload", offload, "--nvme-dir", nvme_dir]
     plan = plan_for(
         inv, files, launcher=launcher, run_id=run_id, program=program, master_port=master_port
     )
+    what = (
+        f"config {ds_config}"
+        if ds_config is not None
+        else f"ZeRO-{zero_arg}{'' if offload == 'none' else ' offload ' + offload}"
+    )
     console.print(
-        f"smoke: {len(files.facts)} nodes, {files.world_size} ranks, "
-        f"ZeRO-{zero_arg}{'' if offload == 'none' else ' offload ' + offload}, "
+        f"smoke: {len(files.facts)} nodes, {files.world_size} ranks, {what}, "
         f"launcher {launcher}, head {inv.head}, run {run_id}",
         markup=False,
         highlight=False,
@@ -258,7 +276,7 @@ def run_smoke(
     result = run_job(
         inv,
         plan,
-        stage_files={"smoke_job.py": job_source()},
+        stage_files=staged,
         fetch=["report.json"],
         timeout=timeout,
         console=console,
@@ -295,6 +313,25 @@ def run_smoke(
     if not report.get("ok") or result.rc != 0:
         raise DsclusterError(_failure_line(report, result.playbook.failures, out))
     return report, out
+
+
+def _checked_ds_config(path: pathlib.Path) -> pathlib.Path:
+    """The --ds-config file, read and checked enough to fail here rather than on every rank."""
+    try:
+        config = json.loads(path.read_text())
+    except OSError as exc:
+        raise DsclusterError(
+            f"--ds-config {path}: {exc.strerror}; write one with 'dscluster dsconfig'"
+        ) from exc
+    except json.JSONDecodeError as exc:
+        raise DsclusterError(
+            f"--ds-config {path} is not JSON ({exc}); write one with 'dscluster dsconfig'"
+        ) from exc
+    if not isinstance(config, dict) or not isinstance(config.get("zero_optimization", {}), dict):
+        raise DsclusterError(
+            f"--ds-config {path} is not a DeepSpeed config; write one with 'dscluster dsconfig'"
+        )
+    return path
 
 
 def _rank_list(ranks: Sequence[Mapping[str, Any]]) -> str:
@@ -447,6 +484,14 @@ def add_parsers(sub, add_inventory) -> None:
         help="also run each stage with optimizer (and ZeRO-3 parameter) offload; nvme needs "
         "ZeRO-3 and DeepSpeed's async_io op on every node, else it is reported skipped",
     )
+    smoke.add_argument(
+        "--ds-config",
+        type=pathlib.Path,
+        default=None,
+        help="run this DeepSpeed config (from 'dscluster dsconfig') instead of --zero/--offload, "
+        "with a checkpoint save and load in dscluster_checkpoint_dir; the loss must still fall "
+        "within --steps (write it with e.g. --lr 3e-3)",
+    )
     smoke.add_argument("--steps", type=int, default=30)
     smoke.add_argument("--timeout", type=int, default=600, help="seconds before the job is cut")
     smoke.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -485,6 +530,7 @@ def cmd_smoke(args, out: Console, err: Console) -> int:
         preflight=preflight(
             inv, master_port=args.master_port, console=err, what="smoke", skip=args.no_doctor
         ),
+        ds_config=args.ds_config,
     )
     stragglers = report.get("stragglers", [])
     failing = bool(stragglers) and args.fail_on_straggler

@@ -53,6 +53,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--nvme-dir", default="/tmp/dscluster-nvme", help="node-local directory for NVMe offload"
     )
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument(
+        "--ds-config",
+        default="",
+        help="run this DeepSpeed config file (dscluster dsconfig) instead of the ZeRO matrix",
+    )
+    parser.add_argument(
+        "--checkpoint-dir",
+        default="",
+        help="with --ds-config: save a checkpoint here, load it back and compare the weights",
+    )
     parser.add_argument("--report", required=True, help="JSON report written by rank 0")
     parser.add_argument("--launch-time", type=float, default=0.0, help="epoch seconds of launch")
     parser.add_argument("--dist-timeout", type=int, default=120, help="seconds per collective")
@@ -105,6 +115,30 @@ def plan_configs(stages: list[int], offload: str, aio: dict[str, dict] | None = 
             entry["skip"] = skip
         configs.append(entry)
     return configs
+
+
+def file_entry(path: str, config: dict) -> dict:
+    """The one configuration of a --ds-config run, named after the file."""
+    zero = config.get("zero_optimization") or {}
+    keys = ("offload_optimizer", "offload_param")
+    devices = {(zero.get(key) or {}).get("device", "none") for key in keys}
+    offload = "nvme" if "nvme" in devices else "cpu" if "cpu" in devices else "none"
+    return {
+        "name": os.path.basename(path),
+        "zero_stage": int(zero.get("stage", 0)),
+        "offload": offload,
+        "config": config,
+    }
+
+
+def with_nvme_dir(config: dict, nvme_dir: str) -> dict:
+    """A copy of config whose NVMe offload swaps under nvme_dir (one directory per run)."""
+    out = json.loads(json.dumps(config))
+    zero = out.get("zero_optimization") or {}
+    for key in ("offload_optimizer", "offload_param"):
+        if (zero.get(key) or {}).get("device") == "nvme":
+            zero[key]["nvme_path"] = nvme_dir
+    return out
 
 
 def async_io_skip(aio: dict[str, dict] | None) -> str:
@@ -320,8 +354,11 @@ def run_config(torch, deepspeed, accel, *, entry: dict, args, rank: int) -> dict
     nvme_dir = os.path.join(args.nvme_dir, entry["name"].replace("+", "-"))
     if offload == "nvme":
         os.makedirs(nvme_dir, exist_ok=True)
-    bf16 = accel.is_bf16_supported() and accel.device_name() != "cpu"
-    config = ds_config(stage, offload, nvme_dir, bf16=bf16)
+    if entry.get("config"):
+        config = with_nvme_dir(entry["config"], nvme_dir)
+    else:
+        bf16 = accel.is_bf16_supported() and accel.device_name() != "cpu"
+        config = ds_config(stage, offload, nvme_dir, bf16=bf16)
     started = time.time()
     model = build_model(torch)
     engine, _, _, _ = deepspeed.initialize(
@@ -344,6 +381,9 @@ def run_config(torch, deepspeed, accel, *, entry: dict, args, rank: int) -> dict
     checksum = param_checksum(torch, deepspeed, engine, stage)
     device = str(engine.device)
     active = engine_state(engine)
+    restored = None
+    if args.checkpoint_dir:
+        restored = checkpoint_roundtrip(torch, deepspeed, engine, stage, args.checkpoint_dir)
     engine.destroy()
     del engine, model
     gc.collect()
@@ -362,7 +402,49 @@ def run_config(torch, deepspeed, accel, *, entry: dict, args, rank: int) -> dict
         "_first_step_at": first_step_at,
     }
     mine["loss_decreased"] = mine["last_loss"] < mine["first_loss"]
+    if restored is not None:
+        mine["checkpoint"] = restored
     return mine
+
+
+def checkpoint_roundtrip(torch, deepspeed, engine, stage: int, root: str) -> dict:
+    """Save a checkpoint under root with the config's checkpoint settings (shared directory,
+    or node-local with use_node_local_storage), change the weights, load it back and compare.
+    The directory is removed afterwards by one rank per node (node-local) or rank 0."""
+    dist = torch.distributed
+    before = param_checksum(torch, deepspeed, engine, stage)
+    t0 = time.perf_counter()
+    engine.save_checkpoint(root, tag="smoke")
+    saved_s = time.perf_counter() - t0
+    params = list(engine.module.parameters())
+    with torch.no_grad():
+        if stage == 3:
+            # Partitioned (maybe offloaded) parameters: change them through a gather.
+            with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
+                if dist.get_rank() == 0:
+                    for p in params:
+                        p.add_(1.0)
+        else:
+            for p in params:
+                p.add_(1.0)
+    changed = param_checksum(torch, deepspeed, engine, stage)
+    load_path, _ = engine.load_checkpoint(root, tag="smoke")
+    after = param_checksum(torch, deepspeed, engine, stage)
+    dist.barrier()
+    local = bool(getattr(engine, "use_node_local_storage", lambda: False)())
+    files = sorted(os.listdir(os.path.join(root, "smoke"))) if os.path.isdir(root) else []
+    dist.barrier()
+    if (local and int(os.environ.get("LOCAL_RANK", "0")) == 0) or dist.get_rank() == 0:
+        shutil.rmtree(root, ignore_errors=True)
+    dist.barrier()
+    return {
+        "dir": root,
+        "node_local": local,
+        "files_here": len(files),
+        "loaded": load_path is not None,
+        "restored": after == before and changed != before,
+        "save_s": saved_s,
+    }
 
 
 def engine_state(engine) -> dict:
@@ -462,7 +544,16 @@ def main(argv: list[str] | None = None) -> int:
         report["aio"] = aio
 
     ok = True
-    for entry in plan_configs(args.zero, args.offload, aio):
+    if args.ds_config:
+        with open(args.ds_config) as fh:
+            entries = [file_entry(args.ds_config, json.load(fh))]
+        report["ds_config"] = os.path.basename(args.ds_config)
+        report["zero_stage"] = entries[0]["zero_stage"]
+        report["zero_stages"] = [entries[0]["zero_stage"]]
+        report["offload"] = entries[0]["offload"]
+    else:
+        entries = plan_configs(args.zero, args.offload, aio)
+    for entry in entries:
         result = dict(entry)
         if entry.get("skip"):
             result["status"] = "skipped"
@@ -481,6 +572,11 @@ def main(argv: list[str] | None = None) -> int:
             "loss_decreased_on_every_rank": all(r["loss_decreased"] for r in ranks),
             "checksums_agree": len({r["checksum"] for r in ranks}) == 1,
         }
+        if args.checkpoint_dir:
+            checks["checkpoint_restored_on_every_rank"] = all(
+                (r.get("checkpoint") or {}).get("restored") for r in ranks
+            )
+        result.pop("config", None)
         result.update(
             status="passed" if all(checks.values()) else "failed",
             ok=all(checks.values()),
@@ -513,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         write_report(args.report, report)
     dist.barrier()
-    if args.offload == "nvme" and args.local_rank == 0:
+    if report["offload"] == "nvme" and args.local_rank == 0:
         shutil.rmtree(args.nvme_dir, ignore_errors=True)
     dist.destroy_process_group()
     if not ok and rank == 0:

@@ -1,0 +1,235 @@
+"""dscluster dsconfig: the config forms, precision by accelerator, storage-dependent
+checkpoint settings, and the judgement of the on-cluster checks (pure parts)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dscluster import dsconfig, storage
+from dscluster.errors import DsclusterError
+from dscluster.hostfile import NodeFacts
+
+SHARED = storage.paths({"dscluster_shared_storage": "nfs"})
+LOCAL = storage.paths({"dscluster_shared_storage": "none"})
+
+
+def node(host: str, kind: str = "cuda", count: int = 8, models: tuple[str, ...] = ()) -> NodeFacts:
+    return NodeFacts(
+        host=host,
+        accelerator=kind,
+        accelerator_count=count,
+        cpu_slots=2,
+        interface="eth0",
+        address="10.0.0.1",
+        venv="/opt/dscluster/venv",
+        torch_extensions_dir="/opt/dscluster/torch_extensions",
+        cpus=16,
+        versions={},
+        models=models,
+    )
+
+
+def build(**kw):
+    args = {
+        "zero": 3,
+        "offload": "none",
+        "precision": "bf16",
+        "accelerator": "cuda",
+        "world_size": 16,
+        "paths": SHARED,
+    }
+    args.update(kw)
+    return dsconfig.build_config(**args)
+
+
+@pytest.mark.parametrize(
+    ("facts", "expected"),
+    [
+        (
+            [node("a", models=("NVIDIA A100-SXM4-40GB",)), node("b", models=("NVIDIA H100",))],
+            "bf16",
+        ),
+        ([node("a", models=("Tesla V100-SXM2-32GB",)), node("b", models=("NVIDIA A10G",))], "fp16"),
+        ([node("a", models=("Tesla T4",))], "fp16"),
+        ([node("a", "hpu", models=("HL-225",))], "bf16"),
+        ([node("a", "cpu", 0), node("b", "cpu", 0)], "fp32"),
+    ],
+)
+def test_precision_by_accelerator(facts, expected):
+    assert dsconfig.precision_for(facts)[0] == expected
+
+
+def test_mixed_accelerators_are_refused_naming_nodes():
+    with pytest.raises(DsclusterError, match="a: cuda, b: cpu"):
+        dsconfig.precision_for([node("a"), node("b", "cpu", 0)])
+
+
+def test_batch_is_consistent_with_the_world():
+    cfg = build(micro_batch=4, grad_accum=8, world_size=12)
+    assert cfg["train_batch_size"] == 4 * 8 * 12
+    assert cfg["train_micro_batch_size_per_gpu"] == 4
+    assert cfg["gradient_accumulation_steps"] == 8
+
+
+def test_zero3_nvme_form():
+    cfg = build(offload="nvme", nvme_path="/local_nvme", accelerator="cuda")
+    zero = cfg["zero_optimization"]
+    assert zero["stage"] == 3
+    assert zero["offload_optimizer"]["device"] == "nvme"
+    assert zero["offload_optimizer"]["nvme_path"] == "/local_nvme"
+    assert zero["offload_param"] == {
+        "device": "nvme",
+        "nvme_path": "/local_nvme",
+        "pin_memory": True,
+        "buffer_count": 5,
+        "buffer_size": 100_000_000,
+        "max_in_cpu": 1_000_000_000,
+    }
+    assert cfg["aio"]["block_size"] == 1048576 and cfg["aio"]["queue_depth"] == 8
+    assert cfg["bf16"] == {"enabled": True} and "fp16" not in cfg
+
+
+def test_cpu_nodes_do_not_pin_and_use_fp32():
+    cfg = build(offload="cpu", accelerator="cpu", precision="fp32")
+    zero = cfg["zero_optimization"]
+    assert zero["offload_optimizer"] == {"device": "cpu", "pin_memory": False}
+    assert zero["offload_param"] == {"device": "cpu", "pin_memory": False}
+    assert "bf16" not in cfg and "fp16" not in cfg
+    assert "aio" not in cfg
+
+
+def test_stage2_cpu_offload_has_no_param_offload():
+    zero = build(zero=2, offload="cpu")["zero_optimization"]
+    assert zero["offload_optimizer"]["device"] == "cpu"
+    assert "offload_param" not in zero
+    assert zero["reduce_scatter"] is True
+
+
+def test_fp16_block_has_dynamic_loss_scaling():
+    cfg = build(precision="fp16")
+    assert cfg["fp16"]["enabled"] is True and cfg["fp16"]["loss_scale"] == 0
+
+
+def test_checkpoint_settings_follow_storage():
+    assert build(paths=SHARED)["checkpoint"] == {
+        "tag_validation": "Fail",
+        "use_node_local_storage": False,
+    }
+    assert build(paths=LOCAL)["checkpoint"]["use_node_local_storage"] is True
+
+
+@pytest.mark.parametrize("zero", [1, 2])
+def test_nvme_needs_zero3(zero):
+    with pytest.raises(DsclusterError, match="--offload nvme needs --zero 3"):
+        build(zero=zero, offload="nvme", nvme_path="/nvme")
+
+
+def test_nvme_path_on_shared_storage_is_refused():
+    with pytest.raises(DsclusterError, match=r"is on shared storage \(nfs at /shared\)"):
+        dsconfig.check_nvme_path("/shared/nvme", SHARED)
+    dsconfig.check_nvme_path("/shared/nvme", LOCAL)  # a plain local dir without shared storage
+    dsconfig.check_nvme_path("/var/lib/dscluster/scratch", SHARED)
+    with pytest.raises(DsclusterError, match="not an absolute path"):
+        dsconfig.check_nvme_path("nvme", SHARED)
+
+
+def good(host_is_head: bool) -> dict:
+    res = {
+        "nvme": {"path": "/s", "writable": True, "free_bytes": 50 << 30, "error": ""},
+        "async_io": {"installed": True, "usable": True, "error": ""},
+    }
+    if host_is_head:
+        res["validate"] = {
+            "ok": True,
+            "zero_stage": 3,
+            "train_batch_size": 3,
+            "micro_batch": 1,
+            "grad_accum": 1,
+            "offload_optimizer": "nvme",
+            "offload_param": "nvme",
+            "bf16": False,
+            "fp16": False,
+            "use_node_local_storage": False,
+            "bf16_supported": True,
+            "accelerator": "cpu",
+            "torch": "2.13.0",
+        }
+    return res
+
+
+def judge(results, **kw):
+    args = {
+        "hosts": ["n1", "n2", "n3"],
+        "head": "n1",
+        "offload": "nvme",
+        "precision": "fp32",
+        "precision_auto": True,
+    }
+    args.update(kw)
+    return dsconfig.judge(results, **args)
+
+
+def test_judge_all_good():
+    problems, notes = judge({h: good(h == "n1") for h in ("n1", "n2", "n3")})
+    assert problems == []
+    assert "accepts it: ZeRO-3" in notes[0]
+
+
+def test_judge_names_the_node_for_each_problem():
+    results = {h: good(h == "n1") for h in ("n1", "n2", "n3")}
+    results["n2"]["nvme"] = {"path": "/s", "writable": False, "error": "does not exist"}
+    results["n3"]["async_io"] = {"usable": False, "error": "undefined symbol: io_submit"}
+    results["n1"]["validate"] = {"ok": False, "error": "ValidationError: stage 7"}
+    problems, _ = judge(results)
+    assert any(p.startswith("n2: NVMe path /s does not exist") for p in problems)
+    assert any(
+        p.startswith("n3: DeepSpeed's async_io op does not load (undefined") for p in problems
+    )
+    assert any(p.startswith("n1: DeepSpeed rejects the config: ValidationError") for p in problems)
+
+
+def test_judge_small_disk_and_missing_node():
+    results = {h: good(h == "n1") for h in ("n1", "n2")}
+    results["n2"]["nvme"]["free_bytes"] = 100 << 20
+    problems, _ = judge(results)
+    assert any(p.startswith("n2: NVMe path /s has only 0.1 GiB free") for p in problems)
+    assert any(p.startswith("n3: the check did not run (no check result)") for p in problems)
+
+
+def test_judge_without_nvme_ignores_the_disk():
+    results = {h: good(h == "n1") for h in ("n1", "n2", "n3")}
+    results["n2"]["nvme"] = {"writable": False, "error": "does not exist"}
+    assert judge(results, offload="cpu")[0] == []
+
+
+def test_judge_bf16_unsupported():
+    results = {h: good(h == "n1") for h in ("n1", "n2", "n3")}
+    results["n1"]["validate"]["bf16_supported"] = False
+    problems, _ = judge(results, precision="bf16")
+    assert any("bf16 is not supported" in p and "--precision fp16" in p for p in problems)
+
+
+def test_locked_bytes_follow_buffers_and_dtype():
+    cfg = build(offload="nvme", nvme_path="/n", precision="fp32", nvme_buffer_size=1000)
+    assert dsconfig.locked_bytes(cfg) == 5 * 1000 * 4
+    cfg = build(offload="nvme", nvme_path="/n", precision="bf16", nvme_buffer_size=1000)
+    assert dsconfig.locked_bytes(cfg) == 5 * 1000 * 2
+    assert dsconfig.locked_bytes(build(offload="cpu")) == 0
+
+
+def test_judge_memlock_below_the_swap_buffers_names_node_and_size():
+    results = {h: good(h == "n1") for h in ("n1", "n2", "n3")}
+    results["n1"]["memlock"] = {
+        "bytes": {"n1": -1, "n2": 8 << 20},
+        "errors": {"n3": "ssh: connect to host n3 port 22: Connection refused"},
+    }
+    locked = 5 * 1_000_000 * 4  # 20 MB
+    problems, _ = judge(results, locked=locked, buffer_size=1_000_000)
+    assert not any(p.startswith("n1:") for p in problems)
+    (n2,) = [p for p in problems if p.startswith("n2:")]
+    assert "locks 19 MiB per rank" in n2 and "ulimit -l is 8 MiB" in n2
+    assert f"at most {1_000_000 * (8 << 20) // locked} here" in n2
+    (n3,) = [p for p in problems if p.startswith("n3:")]
+    assert "locked-memory limit unknown (ssh: connect to host n3" in n3
+    # without NVMe param offload nothing is locked and memlock is not judged
+    assert judge(results, offload="cpu")[0] == []

@@ -1,0 +1,90 @@
+"""The storage path set: Python's defaults and the roles' defaults agree, bad values fail."""
+
+from __future__ import annotations
+
+import pathlib
+
+import jinja2
+import pytest
+import yaml
+
+from dscluster import storage
+from dscluster.errors import DsclusterError
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+# role default -> the Paths field it must equal
+ROLE_PATHS = {
+    ("deepspeed_launcher", "deepspeed_launcher_job_root"): "jobs_dir",
+    ("deepspeed_launcher", "deepspeed_launcher_checkpoint_dir"): "checkpoint_dir",
+    ("deepspeed_launcher", "deepspeed_launcher_scratch_dir"): "scratch_dir",
+    ("deepspeed_launcher", "deepspeed_launcher_shared_storage"): "kind",
+    ("ml_stack", "ml_stack_node_wheelhouse"): "wheelhouse_dir",
+    ("ml_stack", "ml_stack_shared_storage"): "kind",
+    ("doctor", "doctor_scratch_dir"): "scratch_dir",
+}
+
+CASES = [
+    {},
+    {"dscluster_shared_storage": "none"},
+    {"dscluster_shared_storage": "external"},
+    {"dscluster_shared_storage": "nfs", "dscluster_shared_dir": "/fsx"},
+    {"dscluster_shared_storage": "lustre", "dscluster_shared_dir": "/lustre/team"},
+    {"dscluster_shared_storage": "none", "dscluster_shared_dir": "/data"},
+    {
+        "dscluster_shared_storage": "nfs",
+        "dscluster_jobs_dir": "/home/jobs",
+        "dscluster_checkpoint_dir": "/ckpt",
+        "dscluster_wheelhouse_dir": "/srv/wheels",
+        "dscluster_scratch_dir": "/opt/dlami/nvme",
+    },
+]
+
+
+def render_role_default(role: str, name: str, variables: dict) -> str:
+    defaults = yaml.safe_load((ROOT / "roles" / role / "defaults" / "main.yml").read_text())
+    env = jinja2.Environment()
+    return env.from_string(str(defaults[name])).render(**variables).strip()
+
+
+@pytest.mark.parametrize("variables", CASES)
+def test_role_defaults_match_python(variables):
+    expected = storage.paths(variables)
+    for (role, name), field in ROLE_PATHS.items():
+        assert render_role_default(role, name, variables) == getattr(expected, field), (
+            f"{role} {name} disagrees with storage.paths for {variables}"
+        )
+
+
+def test_defaults_follow_the_storage_kind():
+    shared = storage.paths({"dscluster_shared_storage": "nfs"})
+    assert shared.shared
+    assert shared.jobs_dir == "/shared/dscluster/jobs"
+    assert shared.checkpoint_dir == "/shared/dscluster/checkpoints"
+    assert shared.wheelhouse_dir == "/shared/dscluster/wheelhouse"
+    assert shared.scratch_dir == "/var/lib/dscluster/scratch"
+    local = storage.paths({})
+    assert local.kind == "none" and not local.shared
+    assert local.jobs_dir == "/shared/dscluster/jobs"  # same path, pushed to every node
+    assert local.checkpoint_dir == "/var/lib/dscluster/checkpoints"
+    assert local.wheelhouse_dir == "/opt/dscluster/wheelhouse"
+
+
+@pytest.mark.parametrize("value", [True, False, "NFS", "nfs4", "", 1])
+def test_bad_storage_kind_names_the_values(value):
+    with pytest.raises(DsclusterError, match="one of nfs, lustre, external, none"):
+        storage.paths({"dscluster_shared_storage": value})
+
+
+@pytest.mark.parametrize("value", ["relative/dir", "/", "/with space", "/a,b", "/a:b"])
+def test_bad_path_is_refused(value):
+    with pytest.raises(DsclusterError, match=r"dscluster_checkpoint_dir .* absolute path"):
+        storage.paths({"dscluster_checkpoint_dir": value})
+
+
+def test_validate_inventory_knows_the_path_set():
+    defaults = yaml.safe_load((ROOT / "roles/validate_inventory/defaults/main.yml").read_text())
+    for name in ("dscluster_shared_storage", "dscluster_shared_dir", *storage.PATH_VARS):
+        assert name in defaults["validate_inventory_known_vars"]
+        assert name in defaults["validate_inventory_cluster_wide_vars"]
+    assert defaults["validate_inventory_storage_kinds"] == list(storage.KINDS)
