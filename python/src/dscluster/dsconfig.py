@@ -267,14 +267,13 @@ def judge(
                     "DS_BUILD_AIO=1 (provision again), or use --offload cpu"
                 )
     val = (results.get(head) or {}).get("validate")
-    if val is None:
-        pass  # the head's own failure is reported above
-    elif not val.get("ok"):
+    # (no `validate` at all: the head's own failure is reported above)
+    if val is not None and not val.get("ok"):
         problems.append(
             f"{head}: DeepSpeed rejects the config: {val.get('error')}; fix the options "
             "(or report a dscluster bug if the defaults were used)"
         )
-    else:
+    elif val is not None:
         if precision == "bf16" and val.get("bf16_supported") is False:
             problems.append(
                 f"{head}: bf16 is not supported by the {val.get('accelerator')} accelerator"

@@ -47,16 +47,6 @@ class Paths:
         """True when the shared directory is one filesystem seen by every node."""
         return self.kind != "none"
 
-    def as_vars(self) -> dict[str, str]:
-        return {
-            "dscluster_shared_storage": self.kind,
-            "dscluster_shared_dir": self.shared_dir,
-            "dscluster_jobs_dir": self.jobs_dir,
-            "dscluster_checkpoint_dir": self.checkpoint_dir,
-            "dscluster_wheelhouse_dir": self.wheelhouse_dir,
-            "dscluster_scratch_dir": self.scratch_dir,
-        }
-
 
 def storage_kind(value) -> str:
     """The storage kind of an inventory value; a clear error for anything else."""
