@@ -1,3 +1,3 @@
 """dscluster: turn a set of machines into a working multi-node DeepSpeed cluster."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

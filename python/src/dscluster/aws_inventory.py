@@ -36,7 +36,8 @@ from .aws import CLUSTER_TAG, ROLE_TAG, aws_errors, cluster_filter, ec2_client, 
 from .errors import DsclusterError
 from .hostfile import HOSTNAME_RE, render_hostfile
 from .inventory import write_hosts_yml
-from .util import atomic_write, project_root, state_dir
+from .paths import inventory_dir, state_dir
+from .util import atomic_write
 
 # DescribeInstances takes MaxResults 5..1000; 200 keeps each response small and is one page per
 # 200 instances on AWS (moto pages by reservation).
@@ -553,7 +554,7 @@ def write_inventory(
         console_keys=console_keys,
     )
     region = str(sess.region_name)
-    out = pathlib.Path(out_dir).expanduser() if out_dir else project_root() / "inventories" / "aws"
+    out = pathlib.Path(out_dir).expanduser() if out_dir else inventory_dir("aws")
     hostfile_text = render_hostfile((n.name, n.slots) for n in nodes)
     known_hosts = state_dir(cluster) / "known_hosts"
     data = inventory_data(cluster, region, nodes, cpu_slots, known_hosts)

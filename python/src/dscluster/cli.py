@@ -58,9 +58,22 @@ def cmd_image(args: argparse.Namespace, out: Console, err: Console) -> int:
     return 0
 
 
+class _Version(argparse.Action):
+    """`dscluster --version`: this client's version and the collection it drives."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from . import paths  # noqa: PLC0415
+
+        try:
+            where = f"{paths.FQCN} {paths.collection_version()} at {paths.collection_root()}"
+        except DsclusterError as exc:
+            where = f"no collection: {exc}"
+        parser.exit(message=f"dscluster {__version__}\n{where}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dscluster", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"dscluster {__version__}")
+    parser.add_argument("--version", action=_Version, nargs=0, help="print the versions and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     local = sub.add_parser("local", help="local cluster of node containers")

@@ -29,7 +29,8 @@ from . import storage
 from .errors import DsclusterError
 from .hostfile import parse_env_file
 from .inventory import Inventory
-from .util import atomic_write, cache_dir
+from .paths import cache_dir
+from .util import atomic_write
 
 CHECKS: dict[str, str] = {
     "reach": "the controller reaches the node (Ansible over SSH)",

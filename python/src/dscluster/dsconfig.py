@@ -35,7 +35,8 @@ from . import storage
 from .errors import DsclusterError
 from .hostfile import NodeFacts, load_facts, read_degraded
 from .inventory import Inventory
-from .util import atomic_write, cache_dir
+from .paths import cache_dir
+from .util import atomic_write
 
 ZERO_STAGES = (1, 2, 3)
 OFFLOADS = ("none", "cpu", "nvme")

@@ -45,8 +45,9 @@ from .jobs.launch_watch import (
     SSH_ERROR_RE,
     TORCHRUN_EXIT_RE,
 )
+from .paths import cache_dir
 from .runner import PlaybookResult, run_playbook
-from .util import atomic_write, cache_dir, print_warnings
+from .util import atomic_write, print_warnings
 
 LAUNCHERS = ("deepspeed", "torchrun", "mpi")
 DEFAULT_MASTER_PORT = 29500

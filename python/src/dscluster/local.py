@@ -19,9 +19,11 @@ import time
 
 from rich.console import Console
 
+from . import paths
 from .errors import DsclusterError
 from .inventory import write_hosts_yml
-from .util import atomic_write, project_root, run, state_dir
+from .paths import state_dir
+from .util import atomic_write, run
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 LABEL = "dscluster.cluster"
@@ -68,8 +70,8 @@ def ensure_engine() -> None:
 
 def node_image(base: str = "debian:bookworm", console: Console | None = None) -> str:
     """The node image tag for the current docker/node sources; built when missing."""
-    root = project_root()
-    src = root / "docker" / "node"
+    docker_dir = paths.docker_dir()
+    src = docker_dir / "node"
     digest = hashlib.sha256(base.encode())
     for path in sorted(src.rglob("*")):
         if path.is_file():
@@ -79,7 +81,7 @@ def node_image(base: str = "debian:bookworm", console: Console | None = None) ->
         return tag
     if console:
         console.print(f"building node image {tag}")
-    run(["bash", str(root / "docker" / "base-image.sh"), base], timeout=900)
+    run(["bash", str(docker_dir / "base-image.sh"), base], timeout=900)
     run(
         ["docker", "build", "-q", "--build-arg", f"BASE_IMAGE={base}", "-t", tag, str(src)],
         timeout=1800,
@@ -144,7 +146,7 @@ def _wait_ssh(
 
 
 def inventory_dir(name: str) -> pathlib.Path:
-    return project_root() / "inventories" / name
+    return paths.inventory_dir(name)
 
 
 def up(

@@ -16,9 +16,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from . import paths
 from .errors import DsclusterError
 from .inventory import Inventory
-from .util import cache_dir, project_root
+from .paths import cache_dir
 
 
 @dataclasses.dataclass
@@ -115,6 +116,39 @@ def _message(res: dict[str, Any]) -> str:
     return " ".join(str(msg).split())[:400]
 
 
+def ansible_env() -> dict[str, str]:
+    """The environment every playbook runs with: the collection this client belongs to, and
+    the settings dscluster relies on (host keys checked, caches under the user's cache dir),
+    whatever ansible.cfg the user's working directory has."""
+    root = paths.collection_root()
+    cache = cache_dir()
+    user_collections = os.environ.get("ANSIBLE_COLLECTIONS_PATH", "")
+    config = root / "ansible.cfg"
+    env = {
+        "ANSIBLE_COLLECTIONS_PATH": os.pathsep.join(
+            p for p in (str(paths.collections_path()), user_collections) if p
+        ),
+        "ANSIBLE_ROLES_PATH": str(root / "roles"),
+        "ANSIBLE_HOST_KEY_CHECKING": "True",
+        "ANSIBLE_GATHERING": "implicit",
+        "ANSIBLE_CACHE_PLUGIN": "jsonfile",
+        "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(cache / "facts"),
+        "ANSIBLE_CACHE_PLUGIN_TIMEOUT": "600",
+        "ANSIBLE_PYTHON_INTERPRETER": "auto_silent",
+        "ANSIBLE_RETRY_FILES_ENABLED": "False",
+        "ANSIBLE_TIMEOUT": "30",
+        "ANSIBLE_PIPELINING": "True",
+        "ANSIBLE_SSH_ARGS": "-o ControlMaster=auto -o ControlPersist=120s "
+        "-o ServerAliveInterval=15 -o ServerAliveCountMax=4",
+        "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cache / "cp"),
+        "PATH": str(pathlib.Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+        "ANSIBLE_FORCE_COLOR": "0",
+    }
+    if config.is_file():
+        env["ANSIBLE_CONFIG"] = str(config)
+    return env
+
+
 def run_playbook(
     playbook: str,
     inv: Inventory,
@@ -130,12 +164,8 @@ def run_playbook(
     a failed play: callers decide)."""
     import ansible_runner  # noqa: PLC0415 - slow import, only when a playbook runs
 
-    root = project_root()
-    path = root / "playbooks" / playbook
-    if not path.is_file():
-        raise DsclusterError(
-            f"playbook {path} not found; is DSCLUSTER_HOME the dscluster checkout?"
-        )
+    root = paths.collection_root()
+    path = paths.playbook(playbook)
     console = console or Console(stderr=True)
     if live is None:
         live = console.is_terminal
@@ -144,13 +174,7 @@ def run_playbook(
     private = pathlib.Path(tempfile.mkdtemp(prefix="run-", dir=runs))
     hosts = inv.hosts
     progress = Progress(playbook, hosts)
-    bin_dir = str(pathlib.Path(sys.executable).parent)
-    envvars = {
-        "ANSIBLE_CONFIG": str(root / "ansible.cfg"),
-        "ANSIBLE_ROLES_PATH": str(root / "roles"),
-        "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
-        "ANSIBLE_FORCE_COLOR": "0",
-    }
+    envvars = ansible_env()
     view: Live | None = None
 
     def on_event(event: dict[str, Any]) -> bool:

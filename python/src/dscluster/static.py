@@ -34,7 +34,8 @@ from rich.console import Console
 from .errors import DsclusterError
 from .hostfile import render_hostfile
 from .inventory import write_hosts_yml
-from .util import atomic_write, project_root
+from .paths import inventory_dir
+from .util import atomic_write
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 SLOTS_SUFFIX_RE = re.compile(r"^(?P<hosts>.+):(?P<slots>[0-9]+)$")
@@ -187,7 +188,7 @@ def inventory_data(spec: ClusterSpec) -> dict[str, Any]:
 
 
 def default_out(name: str) -> pathlib.Path:
-    return project_root() / "inventories" / name
+    return inventory_dir(name)
 
 
 def write_cluster(spec: ClusterSpec, out: pathlib.Path, header: str) -> tuple[pathlib.Path, ...]:

@@ -1,4 +1,4 @@
-"""Small I/O helpers: atomic writes, project paths, the per-user cache."""
+"""Small I/O helpers: atomic writes, warnings, tools, subprocesses (paths: paths.py)."""
 
 from __future__ import annotations
 
@@ -33,37 +33,6 @@ def print_warnings(console, warnings: Sequence[str]) -> None:
     """Each warning as one plain `warning: ...` line on the given rich Console."""
     for warning in warnings:
         console.print(f"warning: {warning}", markup=False, highlight=False)
-
-
-def project_root() -> pathlib.Path:
-    """The checkout holding playbooks/ and roles/ (DSCLUSTER_HOME overrides)."""
-    env = os.environ.get("DSCLUSTER_HOME")
-    candidates = [pathlib.Path(env)] if env else []
-    candidates += [pathlib.Path(__file__).resolve().parents[3], pathlib.Path.cwd()]
-    for cand in candidates:
-        if (cand / "playbooks" / "site.yml").is_file() and (cand / "roles").is_dir():
-            return cand
-    raise DsclusterError(
-        "cannot find the dscluster checkout (playbooks/site.yml); run from the repository "
-        "or set DSCLUSTER_HOME to it"
-    )
-
-
-def cache_dir() -> pathlib.Path:
-    """Per-user cache outside any clone: keys, known_hosts, wheelhouse, run dirs."""
-    base = os.environ.get("DSCLUSTER_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dscluster"
-    )
-    path = pathlib.Path(base)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def state_dir(cluster: str) -> pathlib.Path:
-    """Controller-side state of one cluster (bootstrap key, known_hosts, cluster key)."""
-    path = cache_dir() / "clusters" / cluster
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return path
 
 
 def tool(name: str) -> str:
