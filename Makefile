@@ -94,7 +94,18 @@ unit: venv ## Python unit tests (no Docker)
 
 .PHONY: e2e
 e2e: images ## End-to-end test: local cluster, provision, hostfile, smoke, DeepSpeed parsers
-	bash scripts/pytest.sh -m docker --durations=25
+	bash scripts/pytest.sh -m "docker and not installed" --durations=25
+
+.PHONY: installed
+installed: images ## The wheel and collection installed away from the clone: static, local up, provision, smoke, FQCN roles
+	$(NICE) bash scripts/pytest.sh -m installed --durations=10
+
+.PHONY: dist
+dist: venv ## Build the sdist, the wheel from it (both carry the collection) and the collection tarball into dist/
+	rm -rf dist && mkdir -p dist
+	$(BIN)/python -m build --outdir dist python   # the sdist, then the wheel built from it
+	$(BIN)/ansible-galaxy collection build --force --output-path dist .
+	@ls -1 dist
 
 .PHONY: molecule
 molecule: images ## The three molecule scenarios, two at a time (each one's output printed when it ends)
@@ -126,8 +137,14 @@ training-image: venv engine ## Multi-node training image from a wheelhouse (VARI
 	bash docker/training/build.sh $(or $(VARIANT),cpu) $(WHEELHOUSE)
 
 .PHONY: test
-test: lint images ## Everything: lint, then unit, the molecule scenarios and e2e side by side
-	@$(MAKE) --no-print-directory -j3 --output-sync=target unit molecule-serial e2e NICE="nice -n 10"
+test: lint images ## Everything: lint, then unit + installed, the molecule scenarios, and e2e side by side
+	@$(MAKE) --no-print-directory -j3 --output-sync=target unit-installed molecule-serial e2e NICE="nice -n 10"
+
+# The unit tests, then the installed-package test (a venv, a 2-node cluster): one lane.
+.PHONY: unit-installed
+unit-installed: images
+	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory installed
 
 # The scenarios one after the other: beside e2e, two converges at once slow e2e's own.
 .PHONY: molecule-serial

@@ -13,6 +13,7 @@ edits to roles take effect at once.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
 import pathlib
@@ -84,42 +85,40 @@ def _copy_docker() -> None:
             shutil.copy2(src, DOCKER / name)
 
 
-def _stage() -> bool:
-    """Copy the collection and docker inputs in when building from a clone; True if staged."""
+@contextlib.contextmanager
+def _staged():
+    """The collection and docker inputs copied in while building from a clone, and removed
+    after, so that the clone's editable install never finds a stale copy in src/; the
+    editable install's record of the clone is kept out of the build and put back."""
     if not _from_clone():
-        return False
+        yield
+        return
+    editable = SOURCE_TREE.read_text(encoding="utf-8") if SOURCE_TREE.is_file() else None
     SOURCE_TREE.unlink(missing_ok=True)
-    _copy_collection()
-    _copy_docker()
-    return True
-
-
-def _unstage() -> None:
-    # The clone's editable install must never find a stale copy in src/.
-    shutil.rmtree(COLLECTION, ignore_errors=True)
-    shutil.rmtree(DOCKER, ignore_errors=True)
+    try:
+        _copy_collection()
+        _copy_docker()
+        yield
+    finally:
+        shutil.rmtree(COLLECTION, ignore_errors=True)
+        shutil.rmtree(DOCKER, ignore_errors=True)
+        if editable is not None:
+            SOURCE_TREE.write_text(editable, encoding="utf-8")
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-    staged = _stage()
-    try:
+    with _staged():
         return _setuptools.build_wheel(wheel_directory, config_settings, metadata_directory)
-    finally:
-        if staged:
-            _unstage()
 
 
 def build_sdist(sdist_directory, config_settings=None):
-    staged = _stage()
-    try:
+    with _staged():
         return _setuptools.build_sdist(sdist_directory, config_settings)
-    finally:
-        if staged:
-            _unstage()
 
 
 def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
     if _from_clone():
-        _unstage()
+        shutil.rmtree(COLLECTION, ignore_errors=True)
+        shutil.rmtree(DOCKER, ignore_errors=True)
         SOURCE_TREE.write_text(str(CLONE) + "\n", encoding="utf-8")
     return _setuptools.build_editable(wheel_directory, config_settings, metadata_directory)
