@@ -10,7 +10,9 @@ import subprocess
 import sys
 import textwrap
 
-ROLE = pathlib.Path(__file__).resolve().parents[2] / "roles" / "slurm"
+from .. import rolefiles
+
+ROLE = rolefiles.path("slurm")
 
 
 def render(tmp_path: pathlib.Path) -> dict[str, tuple[str, str]]:

@@ -22,6 +22,7 @@ from dscluster import aws, aws_cluster, aws_inventory
 from dscluster.errors import DsclusterError
 from dscluster.inventory import load
 
+from .. import rolefiles
 from . import aws_moto
 
 REGION = "us-east-1"
@@ -681,7 +682,7 @@ def test_make_provision_aws_writes_inventory_and_hostfile_then_stops_at_ssh(ec2,
     launch(ec2, "g5.12xlarge", tags={"dscluster:role": "head", "Name": "acc-head"})
     launch(ec2, "c5.2xlarge", tags={"Name": "acc-cpu"})
     inventories = tmp_path / "inventories"
-    repo = pathlib.Path(__file__).resolve().parents[2]
+    repo = rolefiles.REPO
     proc = subprocess.run(
         ["make", "--no-print-directory", "-C", str(repo), "provision", "INV=aws",
          "CLUSTER=demo", f"INVENTORIES={inventories}", "AWS_ARGS=--no-console-keys"],

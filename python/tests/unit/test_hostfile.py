@@ -17,7 +17,7 @@ from .accel_fixtures import (
     outputs,
     rename_interface,
 )
-from .conftest import write_facts
+from .facts import write_facts
 
 # DeepSpeed's own hostfile pattern (deepspeed/launcher/runner.py::_parse_hostfile); the e2e
 # test also runs DeepSpeed's fetch_hostfile on the cluster against the written file.

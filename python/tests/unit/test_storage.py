@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pathlib
-
 import jinja2
 import pytest
 import yaml
@@ -11,7 +9,7 @@ import yaml
 from dscluster import storage
 from dscluster.errors import DsclusterError
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from .. import rolefiles
 
 # role default -> the Paths field it must equal
 ROLE_PATHS = {
@@ -42,7 +40,7 @@ CASES = [
 
 
 def render_role_default(role: str, name: str, variables: dict) -> str:
-    defaults = yaml.safe_load((ROOT / "roles" / role / "defaults" / "main.yml").read_text())
+    defaults = yaml.safe_load(rolefiles.path(role, "defaults/main.yml").read_text())
     env = jinja2.Environment()
     return env.from_string(str(defaults[name])).render(**variables).strip()
 
@@ -83,7 +81,9 @@ def test_bad_path_is_refused(value):
 
 
 def test_validate_inventory_knows_the_path_set():
-    defaults = yaml.safe_load((ROOT / "roles/validate_inventory/defaults/main.yml").read_text())
+    defaults = yaml.safe_load(
+        (rolefiles.path("validate_inventory", "defaults/main.yml")).read_text()
+    )
     for name in ("dscluster_shared_storage", "dscluster_shared_dir", *storage.PATH_VARS):
         assert name in defaults["validate_inventory_known_vars"]
         assert name in defaults["validate_inventory_cluster_wide_vars"]

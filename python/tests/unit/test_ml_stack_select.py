@@ -12,8 +12,10 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-PLAYBOOK = ROOT / "python" / "tests" / "playbooks" / "ml_stack_select.yml"
+from .. import rolefiles
+
+ROOT = rolefiles.REPO
+PLAYBOOK = pathlib.Path(__file__).parent / "playbooks" / "ml_stack_select.yml"
 ANSIBLE = pathlib.Path(sys.executable).parent / "ansible-playbook"
 
 
@@ -21,7 +23,7 @@ def select(extra: dict) -> tuple[int, dict | None, str]:
     env = dict(
         os.environ,
         ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-        ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
+        ANSIBLE_ROLES_PATH=str(rolefiles.ROLES),
         ANSIBLE_CACHE_PLUGIN="memory",
         ANSIBLE_STDOUT_CALLBACK="default",
         ANSIBLE_NOCOLOR="1",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import pathlib
 import shutil
@@ -11,21 +10,14 @@ import sys
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-FILES = REPO / "roles" / "efa" / "files"
+from .. import rolefiles
+
+FILES = rolefiles.path("efa", "files")
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "efa"
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, FILES / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-fi = _load("efa_fi_info")
-vi = _load("efa_verify_installer")
+fi = rolefiles.load("efa", "efa_fi_info.py")
+vi = rolefiles.load("efa", "efa_verify_installer.py")
 
 
 def _fixture(name: str) -> str:

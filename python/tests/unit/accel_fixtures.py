@@ -6,30 +6,18 @@ python3. The tests import the very files the roles install.
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 import os
 import pathlib
-import types
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+from .. import rolefiles
+
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "accelerators"
-ACCELERATORS_FACT = REPO / "roles" / "node_facts" / "files" / "accelerators.fact"
-NCCL_PROFILE = REPO / "roles" / "nccl_env" / "files" / "nccl_profile.py"
+ACCELERATORS_FACT = rolefiles.path("node_facts", "files/accelerators.fact")
+NCCL_PROFILE = rolefiles.path("nccl_env", "files/nccl_profile.py")
 
-
-def load_script(name: str, path: pathlib.Path) -> types.ModuleType:
-    loader = importlib.machinery.SourceFileLoader(name, str(path))
-    spec = importlib.util.spec_from_loader(name, loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
-accelerators = load_script("dscluster_accelerators_fact", ACCELERATORS_FACT)
-nccl_profile = load_script("dscluster_nccl_profile", NCCL_PROFILE)
+accelerators = rolefiles.load("node_facts", "accelerators.fact")
+nccl_profile = rolefiles.load("nccl_env", "nccl_profile.py")
 
 
 def fixture(name: str) -> str:

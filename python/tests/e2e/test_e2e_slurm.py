@@ -21,6 +21,7 @@ import hostlist
 import pytest
 import yaml
 
+from .. import rolefiles
 from .e2e_cluster import NAME, NODES, docker, dsc
 
 pytestmark = pytest.mark.docker
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.docker
 HEAD = f"dsc-{NAME}-n1"
 HOSTS = [f"{NAME}-n{i}" for i in range(1, NODES + 1)]
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
-JOBS = pathlib.Path(__file__).resolve().parents[1] / "src" / "dscluster" / "jobs"
+JOBS = rolefiles.REPO / "python" / "src" / "dscluster" / "jobs"
 
 
 def on_head(*argv: str, user: str = "ds", timeout: int = 300) -> subprocess.CompletedProcess[str]:
@@ -110,7 +111,7 @@ def test_slurm_play_provisions_and_verifies(cluster: pathlib.Path, slurm_switch)
 
     # The cluster's one munge key: made on the controller, outside the repo, 0400, on every node.
     key = pathlib.Path(inventory_vars(cluster)["dscluster_state_dir"]) / "munge.key"
-    repo = pathlib.Path(__file__).resolve().parents[2]
+    repo = rolefiles.REPO
     assert key.stat().st_mode & 0o777 == 0o400
     assert not key.resolve().is_relative_to(repo)
     sums = set()

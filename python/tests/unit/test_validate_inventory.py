@@ -12,8 +12,10 @@ import sys
 import pytest
 import yaml
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-PLAYBOOK = ROOT / "python" / "tests" / "playbooks" / "validate_inventory.yml"
+from .. import rolefiles
+
+ROOT = rolefiles.REPO
+PLAYBOOK = pathlib.Path(__file__).parent / "playbooks" / "validate_inventory.yml"
 ANSIBLE = pathlib.Path(sys.executable).parent / "ansible-playbook"
 
 
@@ -34,7 +36,7 @@ def validate(tmp_path: pathlib.Path, variables: dict, storage: list[str] | None 
     env = dict(
         os.environ,
         ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-        ANSIBLE_ROLES_PATH=str(ROOT / "roles"),
+        ANSIBLE_ROLES_PATH=str(rolefiles.ROLES),
         ANSIBLE_STDOUT_CALLBACK="default",
         ANSIBLE_NOCOLOR="1",
     )

@@ -9,7 +9,9 @@ import subprocess
 import sys
 import time
 
-LOCK = pathlib.Path(__file__).resolve().parents[2] / "roles/ml_stack/files/wheelhouse_lock.py"
+from .. import rolefiles
+
+LOCK = rolefiles.path("ml_stack", "files/wheelhouse_lock.py")
 
 
 def lock(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:

@@ -12,9 +12,11 @@ import subprocess
 
 import pytest
 
+from .. import rolefiles
+
 pytestmark = pytest.mark.docker
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = rolefiles.REPO
 BUILD = ROOT / "docker" / "training" / "build.sh"
 NET = "dsc-timg"
 NODES = ("dsc-timg-n1", "dsc-timg-n2")
