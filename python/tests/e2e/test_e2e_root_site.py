@@ -1,0 +1,40 @@
+"""The collection's root as a plain Ansible project: `ansible-playbook site.yml -i
+inventories/<name>/hosts.yml` from the clone's root, with no dscluster in between, converges
+the provisioned e2e cluster again and changes nothing."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from .. import rolefiles
+
+pytestmark = pytest.mark.docker
+
+REPO = rolefiles.REPO
+RECAP = re.compile(
+    r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M
+)
+
+
+def test_ansible_playbook_site_yml_from_the_root(cluster: pathlib.Path):
+    bin_dir = pathlib.Path(sys.executable).parent
+    playbook = shutil.which("ansible-playbook", path=str(bin_dir)) or "ansible-playbook"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    proc = subprocess.run(
+        [playbook, "site.yml", "-i", str(cluster / "hosts.yml")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=1800, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    recap = {m[0]: [int(x) for x in m[1:]] for m in RECAP.findall(proc.stdout)}
+    assert sorted(recap) == sorted(f"{cluster.name}-n{i}" for i in (1, 2, 3)), proc.stdout[-2000:]
+    for host, (ok, changed, unreachable, failed) in recap.items():
+        assert ok > 0 and unreachable == 0 and failed == 0, (host, proc.stdout[-3000:])
+        assert changed == 0, (host, proc.stdout[-6000:])
