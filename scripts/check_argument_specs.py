@@ -2,7 +2,10 @@
 """Check that every role's meta/argument_specs.yml matches its defaults/main.yml.
 
 For each roles/<role>/ the option keys of the `main` entry point must be exactly the
-keys of defaults/main.yml, and every option must carry a `type` and a `description`.
+keys of defaults/main.yml; other entry points (include_role tasks_from, e.g. apt_repository's
+`cache`) may list only keys of defaults/main.yml. Every option of every entry point must
+carry a `type` and a `description`. A defaults-only role (dscluster_defaults) is checked the
+same way.
 Exits 0 when all roles agree, 1 naming each role and the keys that differ.
 
 Usage: scripts/check_argument_specs.py [ROLES_DIR]   (default: <repo>/roles)
@@ -64,14 +67,36 @@ def check_role(role: Path) -> list[str]:
     only_spec = sorted(set(options) - set(defaults))
     only_defaults = sorted(set(defaults) - set(options))
     if only_defaults:
-        problems.append("in defaults/main.yml but not in argument_specs: " + ", ".join(only_defaults))
+        problems.append(
+            "in defaults/main.yml but not in argument_specs: " + ", ".join(only_defaults)
+        )
     if only_spec:
         problems.append("in argument_specs but not in defaults/main.yml: " + ", ".join(only_spec))
+    problems += _option_problems("main", options)
+    for name, entry in sorted((spec.get("argument_specs") or {}).items()):
+        if name == "main":
+            continue
+        entry_options = (entry.get("options") or {}) if isinstance(entry, dict) else None
+        if not isinstance(entry_options, dict):
+            problems.append(f"argument_specs.{name}.options is not a mapping")
+            continue
+        unknown = sorted(set(entry_options) - set(defaults))
+        if unknown:
+            problems.append(
+                f"entry point {name} has options not in defaults/main.yml: " + ", ".join(unknown)
+            )
+        problems += _option_problems(name, entry_options)
+    return problems
+
+
+def _option_problems(entry: str, options: dict) -> list[str]:
+    problems = []
     for key in sorted(options):
         opt = options[key] if isinstance(options[key], dict) else {}
         missing = [field for field in ("type", "description") if not opt.get(field)]
         if missing:
-            problems.append(f"option {key} lacks {' and '.join(missing)}")
+            where = "" if entry == "main" else f" of entry point {entry}"
+            problems.append(f"option {key}{where} lacks {' and '.join(missing)}")
     return problems
 
 
