@@ -1,4 +1,4 @@
-"""AWS EC2: `dscluster inventory aws` and `dscluster aws up/down` (command line + shared bits).
+"""AWS EC2: what `dscluster inventory aws` and `dscluster aws up/down` share (cli/ wires them).
 
 Everything talks to EC2 through boto3 and only boto3: credentials come from boto3's own chain
 (profile, environment, SSO, instance role) and are never written anywhere; the endpoint comes
@@ -10,16 +10,12 @@ Discovery lives in aws_inventory.py, cluster creation and removal in aws_cluster
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-from rich.console import Console
-
 from .errors import DsclusterError
-from .util import print_warnings
 
 CLUSTER_TAG = "dscluster:cluster"
 ROLE_TAG = "dscluster:role"
@@ -119,13 +115,6 @@ def cluster_filter(cluster: str) -> dict[str, Any]:
     return {"Name": f"tag:{CLUSTER_TAG}", "Values": [cluster]}
 
 
-def _key_value(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
-    return key, value
-
-
 _CLUSTER_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 
 
@@ -135,143 +124,3 @@ def check_cluster_name(name: str) -> None:
             f"cluster name {name!r} is not usable; use lowercase letters, digits and '-', "
             "starting with a letter, at most 31 characters"
         )
-
-
-# ---------------------------------------------------------------- command line
-
-
-def cmd_inventory_aws(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from . import aws_inventory  # noqa: PLC0415
-
-    check_cluster_name(args.cluster)
-    sess = session(args.profile, args.region)
-    result = aws_inventory.write_inventory(
-        sess,
-        args.cluster,
-        out_dir=args.out,
-        head_tag=args.head_tag,
-        user=args.user,
-        key_file=args.key_file,
-        public=args.public,
-        cpu_slots=args.cpu_slots,
-        console_keys=args.console_keys,
-    )
-    print_warnings(err, result.warnings)
-    out.print(aws_inventory.summary_table(result))
-    out.print(
-        f"wrote {result.hosts_yml} and {result.hostfile}: {len(result.nodes)} hosts, "
-        f"{result.total_slots} slots",
-        markup=False,
-        highlight=False,
-    )
-    return 0
-
-
-def cmd_aws_up(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from . import aws_cluster  # noqa: PLC0415
-
-    check_cluster_name(args.cluster)
-    sess = session(args.profile, args.region)
-    result = aws_cluster.up(
-        sess,
-        args.cluster,
-        instance_type=args.type,
-        count=args.count,
-        efa=args.efa,
-        subnet=args.subnet,
-        ami=args.ami,
-        key_name=args.key_name,
-        ssh_cidr=args.ssh_cidr,
-        wait_s=args.wait,
-        say=lambda line: out.print(line, markup=False, highlight=False),
-    )
-    out.print(result.summary(), markup=False, highlight=False)
-    return 0
-
-
-def cmd_aws_down(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from . import aws_cluster  # noqa: PLC0415
-
-    check_cluster_name(args.cluster)
-    sess = session(args.profile, args.region)
-    removed = aws_cluster.down(
-        sess,
-        args.cluster,
-        wait_s=args.wait,
-        say=lambda line: out.print(line, markup=False, highlight=False),
-    )
-    out.print(
-        f"aws cluster '{args.cluster}': removed {len(removed)} objects"
-        + (f" ({', '.join(removed)})" if removed else ""),
-        markup=False,
-        highlight=False,
-    )
-    return 0
-
-
-def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cluster", required=True, help=f"value of the tag {CLUSTER_TAG}")
-    p.add_argument("--region", help="AWS region (default: the profile's or AWS_DEFAULT_REGION)")
-    p.add_argument("--profile", help="AWS profile (default: boto3's chain, e.g. AWS_PROFILE)")
-
-
-def add_inventory_parser(isub: Any) -> argparse.ArgumentParser:
-    """`dscluster inventory aws` under the `dscluster inventory` subparsers `isub`."""
-    p = isub.add_parser(
-        "aws",
-        help="write inventories/aws/hosts.yml + hostfile from running EC2 instances of a cluster",
-    )
-    _add_common(p)
-    p.add_argument("--out", help="directory for hosts.yml and hostfile (default inventories/aws)")
-    p.add_argument(
-        "--head-tag",
-        type=_key_value,
-        default=(ROLE_TAG, HEAD_ROLE),
-        metavar="KEY=VAL",
-        help=f"tag marking the head (default {ROLE_TAG}={HEAD_ROLE}; else lowest launch index)",
-    )
-    p.add_argument("--user", help="SSH user for every host (default: from each AMI's family)")
-    p.add_argument("--key-file", help="SSH private key (default ~/.ssh/<KeyName>.pem)")
-    p.add_argument(
-        "--public", action="store_true", help="reach hosts on public IPs (default private IPs)"
-    )
-    p.add_argument("--cpu-slots", type=int, default=1, help="slots per CPU-only host (default 1)")
-    p.add_argument(
-        "--no-console-keys",
-        dest="console_keys",
-        action="store_false",
-        help="do not read SSH host keys from the instances' console output",
-    )
-    p.set_defaults(func=cmd_inventory_aws)
-    return p
-
-
-def add_parsers(sub: Any, add_inventory: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Top-level `dscluster aws` with `up` and `down` (add_inventory unused: EC2 is the source)."""
-    del add_inventory
-    aws = sub.add_parser("aws", help="create or remove an EC2 cluster (placement group, SG, EFA)")
-    asub = aws.add_subparsers(dest="aws_command", required=True)
-    up = asub.add_parser("up", help="create or reconcile an EC2 cluster (idempotent)")
-    _add_common(up)
-    up.add_argument("--type", required=True, help="instance type, e.g. p4d.24xlarge")
-    up.add_argument("--count", type=int, required=True, help="number of instances wanted")
-    up.add_argument("--efa", action="store_true", help="EFA interfaces (type must support EFA)")
-    up.add_argument("--subnet", help="subnet id (default: a default subnet of the default VPC)")
-    up.add_argument(
-        "--ami",
-        help="AMI id, or an SSM parameter name starting with '/' that holds one (required)",
-    )
-    up.add_argument("--key-name", help="EC2 key pair name for SSH")
-    up.add_argument(
-        "--ssh-cidr", help="also allow SSH (tcp/22) into the security group from this CIDR"
-    )
-    up.add_argument(
-        "--wait", type=int, default=600, help="seconds to wait for instances (default 600)"
-    )
-    up.set_defaults(func=cmd_aws_up)
-    down = asub.add_parser("down", help="terminate the cluster and remove what 'aws up' made")
-    _add_common(down)
-    down.add_argument(
-        "--wait", type=int, default=600, help="seconds to wait for termination (default 600)"
-    )
-    down.set_defaults(func=cmd_aws_down)

@@ -28,7 +28,7 @@ from rich.text import Text
 from . import storage
 from .errors import DsclusterError
 from .hostfile import parse_env_file
-from .inventory import Inventory
+from .inventory import DEFAULT_MASTER_PORT, Inventory
 from .paths import cache_dir
 from .util import atomic_write
 
@@ -223,7 +223,7 @@ def evaluate(
     recorded: Mapping[str, Mapping[str, Any]] | None = None,
     shared_storage: bool = False,
     token: str = "",
-    master_port: int = 29500,
+    master_port: int = DEFAULT_MASTER_PORT,
     user: str = "ds",
     thresholds: Thresholds | None = None,
 ) -> DoctorReport:
@@ -661,7 +661,7 @@ def _env_file(inv: Inventory) -> dict[str, str]:
 def run_doctor(
     inv: Inventory,
     *,
-    master_port: int = 29500,
+    master_port: int = DEFAULT_MASTER_PORT,
     thresholds: Thresholds | None = None,
     console: Console | None = None,
 ) -> DoctorReport:
@@ -806,40 +806,3 @@ def require_healthy(inv: Inventory, *, master_port: int, console: Console, what:
         raise DsclusterError(
             f"{summary_line(report)} — {what} not started (fix it, or pass --no-doctor)"
         )
-
-
-def add_parsers(sub, add_inventory) -> None:
-    p = sub.add_parser(
-        "doctor", help="check every node and every pair of nodes before a job (exit 0/1)"
-    )
-    add_inventory(p)
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument(
-        "--master-port", type=int, default=29500, help="rendezvous port to probe on the head"
-    )
-    p.add_argument(
-        "--min-shm-gb", type=float, default=1.0, help="/dev/shm below this fails (default 1)"
-    )
-    p.add_argument(
-        "--min-free-gb", type=float, default=2.0, help="free disk below this fails (default 2)"
-    )
-    p.set_defaults(func=cmd_doctor)
-
-
-def cmd_doctor(args, out: Console, err: Console) -> int:
-    from .inventory import load  # noqa: PLC0415
-
-    thresholds = Thresholds(
-        min_shm_bytes=int(args.min_shm_gb * GIB), min_free_bytes=int(args.min_free_gb * GIB)
-    )
-    report = run_doctor(
-        load(args.inventory), master_port=args.master_port, thresholds=thresholds, console=err
-    )
-    if args.json:
-        out.print_json(json.dumps(report.to_json()))
-    else:
-        out.print(table(report))
-        for line in problem_lines(report):
-            out.print(line, markup=False, highlight=False)
-        out.print(summary_line(report), markup=False, highlight=False)
-    return 0 if report.ok else 1

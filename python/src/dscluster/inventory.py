@@ -17,6 +17,10 @@ import yaml
 from .errors import DsclusterError
 from .util import atomic_write, run, tool
 
+# The rendezvous port when the inventory sets no dscluster_master_port (the same value as
+# roles/dscluster_defaults' dscluster_master_port): the one place it is written.
+DEFAULT_MASTER_PORT = 29500
+
 
 @dataclasses.dataclass(frozen=True)
 class Inventory:
@@ -52,6 +56,38 @@ class Inventory:
 
     def var(self, host: str, name: str, default: Any = None) -> Any:
         return self.hostvars.get(host, {}).get(name, default)
+
+
+def plain_var(inv: Inventory, name: str) -> Any:
+    """The head's value of `name`, refused when it is a Jinja template Ansible would render."""
+    value = inv.var(inv.head, name)
+    if isinstance(value, str) and "{{" in value:
+        raise DsclusterError(
+            f"{name} in {inv.source} is a template ({value}); pass the value on the "
+            "command line instead"
+        )
+    return value
+
+
+def master_port_var(inv: Inventory) -> int | None:
+    """dscluster_master_port as the inventory sets it, or None."""
+    port = plain_var(inv, "dscluster_master_port")
+    if port is None:
+        return None
+    try:
+        return int(port)
+    except (TypeError, ValueError) as exc:
+        raise DsclusterError(
+            f"dscluster_master_port in {inv.source} is {port!r}, not a port number; fix it"
+        ) from exc
+
+
+def master_port(inv: Inventory, given: int | None = None) -> int:
+    """--master-port when given, else the inventory's dscluster_master_port, else the default."""
+    if given is not None:
+        return given
+    port = master_port_var(inv)
+    return DEFAULT_MASTER_PORT if port is None else port
 
 
 def _collect(data: dict[str, Any], group: str, seen: set[str]) -> list[str]:

@@ -20,7 +20,6 @@ import pathlib
 import re
 import shlex
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 
@@ -35,7 +34,7 @@ from .hostfile import (
     render_hostfile,
     write_launch_files,
 )
-from .inventory import Inventory
+from .inventory import DEFAULT_MASTER_PORT, Inventory
 from .jobs.launch_watch import (
     MPI_LOST_DAEMON_RE,
     MPI_RANK_RE,
@@ -50,7 +49,6 @@ from .runner import PlaybookResult, run_playbook
 from .util import atomic_write, print_warnings
 
 LAUNCHERS = ("deepspeed", "torchrun", "mpi")
-DEFAULT_MASTER_PORT = 29500
 PDSH_MAX_FAN_OUT = 1024  # as DeepSpeed's PDSHRunner
 # Environment naming the devices a process may use, per accelerator kind (DeepSpeed's
 # accelerators' visible_devices_envs()); CPU slots are not devices.
@@ -780,102 +778,3 @@ def launch(
         preflight()
     result = run_job(inv, plan, stage_files=stage_files, timeout=timeout, console=console)
     return plan, result
-
-
-# --- command line (wired by cli.py) ---------------------------------------------------------
-
-
-def add_launcher_option(parser) -> None:
-    parser.add_argument(
-        "--launcher",
-        choices=LAUNCHERS,
-        default="deepspeed",
-        help="deepspeed (pdsh), torchrun (c10d, one agent per node over pdsh) or mpi (mpirun)",
-    )
-
-
-def add_filter_options(parser) -> None:
-    parser.add_argument("--include", default="", help="DeepSpeed syntax: host1:0,1@host2")
-    parser.add_argument("--exclude", default="", help="DeepSpeed syntax: host3@host1:1")
-    parser.add_argument("--num-nodes", type=int, default=None, help="the first N hosts")
-    parser.add_argument("--num-gpus", type=int, default=None, help="the first N slots per host")
-    parser.add_argument(
-        "--master-port", type=int, default=DEFAULT_MASTER_PORT, help="rendezvous port on the head"
-    )
-
-
-def add_parsers(sub, add_inventory) -> None:
-    import argparse  # noqa: PLC0415
-
-    p = sub.add_parser(
-        "launch",
-        help="run your script across the cluster (deepspeed, torchrun or mpi)",
-        description="dscluster launch -i INV [options] -- script.py [args...]",
-    )
-    add_inventory(p)
-    add_launcher_option(p)
-    add_filter_options(p)
-    p.add_argument("--timeout", type=int, default=3600, help="seconds before the job is cut")
-    p.add_argument(
-        "--no-stage",
-        action="store_true",
-        help="run an absolute path already on the nodes instead of copying the script",
-    )
-    p.add_argument(
-        "--dry-run", action="store_true", help="print the command and launch files, run nothing"
-    )
-    p.add_argument(
-        "--no-doctor", action="store_true", help="skip the doctor checks run before the job"
-    )
-    p.add_argument("program", nargs=argparse.REMAINDER, help="-- script.py [args...]")
-    p.set_defaults(func=cmd_launch)
-
-
-def cmd_launch(args, out: Console, err: Console) -> int:
-    from .inventory import load  # noqa: PLC0415
-
-    program = list(args.program)
-    if program[:1] == ["--"]:
-        program = program[1:]
-    if not program:
-        raise DsclusterError("no script to run; put it after '--': dscluster launch -- train.py")
-    inv = load(args.inventory)
-    from .doctor import preflight  # noqa: PLC0415
-
-    plan, result = launch(
-        inv,
-        launcher=args.launcher,
-        script=program[0],
-        args=program[1:],
-        stage=not args.no_stage,
-        dry_run=args.dry_run,
-        timeout=args.timeout,
-        master_port=args.master_port,
-        include=args.include,
-        exclude=args.exclude,
-        num_nodes=args.num_nodes,
-        num_gpus=args.num_gpus,
-        out=out,
-        console=err,
-        preflight=preflight(
-            inv, master_port=args.master_port, console=err, what="launch", skip=args.no_doctor
-        ),
-    )
-    if result is None:
-        return 0
-    for line in result.log_lines:
-        out.print(line, markup=False, highlight=False)
-    if result.rc == 0:
-        err.print(f"launch {plan.run_id}: job exited 0; log {result.log_path}", highlight=False)
-        return 0
-    why = f"exited {result.rc}" + (" (cut at --timeout)" if result.rc in (124, 137) else "")
-    lost = result.lost_nodes
-    if lost:
-        who = "; ".join(f"{host}: {reason}" for host, reason in lost.items())
-        why += f", lost node(s) {', '.join(lost)} ({who})"
-    elif result.playbook.failures and not result.log_lines:
-        host, task, msg = result.playbook.failures[0]
-        why += f": {task} on {host}: {msg[:200]}"
-    line = f"launch {plan.run_id}: job {why}; log {result.log_path}"
-    print(f"dscluster: error: {line}", file=sys.stderr)
-    return result.rc

@@ -9,8 +9,6 @@ keeps them out of later hostfiles (hostfile, smoke, launch) until a provision su
 
 from __future__ import annotations
 
-import argparse
-
 from rich.console import Console
 
 from .errors import DsclusterError
@@ -19,22 +17,6 @@ from .util import print_warnings
 # The playbook that provisions a node completely: only a run of it without --tags that
 # succeeds on a node takes that node out of the degraded record.
 FULL_PLAYBOOK = "site.yml"
-
-
-def add_parsers(sub, add_inventory) -> None:
-    prov = sub.add_parser("provision", help="run playbooks/site.yml with live progress")
-    add_inventory(prov)
-    prov.add_argument("--playbook", default="site.yml", help="playbook under playbooks/")
-    prov.add_argument("--limit", help="Ansible host pattern to limit the run")
-    prov.add_argument("--tags", help="only plays/tasks with these tags")
-    prov.add_argument("--timeout", type=int, default=None, help="seconds before the run is cut")
-    prov.add_argument(
-        "--allow-degraded",
-        action="store_true",
-        help="when some nodes fail, write the hostfile without them (recorded in "
-        "degraded.json until a provision succeeds on them) and exit 0",
-    )
-    prov.set_defaults(func=cmd_provision)
 
 
 def failed_nodes(result, hosts: list[str]) -> dict[str, str]:
@@ -51,9 +33,11 @@ def failed_nodes(result, hosts: list[str]) -> dict[str, str]:
     return why
 
 
-def succeeded_nodes(args, result, hosts: list[str], failed: dict[str, str]) -> list[str]:
+def succeeded_nodes(
+    playbook: str, tags: str | None, result, hosts: list[str], failed: dict[str, str]
+) -> list[str]:
     """Hosts a full run (site.yml, no --tags) reached and finished without a failure."""
-    if args.playbook != FULL_PLAYBOOK or args.tags:
+    if playbook != FULL_PLAYBOOK or tags:
         return []
     return [
         h
@@ -62,7 +46,18 @@ def succeeded_nodes(args, result, hosts: list[str], failed: dict[str, str]) -> l
     ]
 
 
-def cmd_provision(args: argparse.Namespace, out: Console, err: Console) -> int:
+def provision(
+    inventory: str,
+    *,
+    playbook: str = FULL_PLAYBOOK,
+    limit: str | None = None,
+    tags: str | None = None,
+    timeout: int | None = None,
+    allow_degraded: bool = False,
+    out: Console,
+    err: Console,
+) -> int:
+    """Run `playbook`, then write the launch files (see the module docstring); the exit code."""
     from .hostfile import (  # noqa: PLC0415
         check_degraded,
         read_degraded,
@@ -74,22 +69,20 @@ def cmd_provision(args: argparse.Namespace, out: Console, err: Console) -> int:
     from .inventory import load  # noqa: PLC0415
     from .runner import raise_for_failures, run_playbook, summary_table  # noqa: PLC0415
 
-    inv = load(args.inventory)
+    inv = load(inventory)
     hosts = inv.hosts
     previous = read_degraded(inv)
-    result = run_playbook(
-        args.playbook, inv, limit=args.limit, tags=args.tags, timeout=args.timeout, console=err
-    )
-    out.print(summary_table(result, f"{args.playbook} on {len(hosts)} hosts"))
+    result = run_playbook(playbook, inv, limit=limit, tags=tags, timeout=timeout, console=err)
+    out.print(summary_table(result, f"{playbook} on {len(hosts)} hosts"))
     failed = failed_nodes(result, hosts)
     # A failure no host owns (a timeout, a broken playbook) cannot be degraded around.
     unowned = [f for f in result.failures if f[0] not in hosts]
-    what = f"provisioning ({args.playbook})"
-    if failed and args.allow_degraded and not unowned:
+    what = f"provisioning ({playbook})"
+    if failed and allow_degraded and not unowned:
         record = update_degraded(
             previous,
             failed=failed,
-            succeeded=succeeded_nodes(args, result, hosts, failed),
+            succeeded=succeeded_nodes(playbook, tags, result, hosts, failed),
             now=utc_now(),
         )
         check_degraded(hosts, inv.head, record)
@@ -112,12 +105,15 @@ def cmd_provision(args: argparse.Namespace, out: Console, err: Console) -> int:
             ) from None
     out.print(f"provisioned {len(hosts)} hosts, {result.changed_total} changes")
     record = update_degraded(
-        previous, failed={}, succeeded=succeeded_nodes(args, result, hosts, {}), now=utc_now()
+        previous,
+        failed={},
+        succeeded=succeeded_nodes(playbook, tags, result, hosts, {}),
+        now=utc_now(),
     )
     try:
         files = write_launch_files(inv, excluded=record)
     except DsclusterError as exc:
-        if args.playbook == FULL_PLAYBOOK and not args.tags and not args.limit:
+        if playbook == FULL_PLAYBOOK and not tags and not limit:
             raise
         # A partial run (one playbook, some tags or hosts) may not have recorded facts yet.
         print_warnings(err, [f"hostfile and .deepspeed_env not rewritten: {exc}"])

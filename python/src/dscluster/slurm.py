@@ -7,8 +7,9 @@ but scontrol is there), slots per node come from what Slurm says about the alloc
 `inventories/<name>/hosts.yml` + `hostfile` are written, head = the first node.
 
 `dscluster sbatch` writes a bash batch script that derives everything from the allocation it
-runs in (nodes, head, slots per node, job id) and starts the user's script in one of three
-modes (works with Debian's slurm-wlm 22.05 and CPU-only clusters; nothing assumes GPUs):
+runs in (nodes, head, slots per node, job id) and starts the user's script with one of three
+launchers (`--launcher`; works with Debian's slurm-wlm 22.05 and CPU-only clusters; nothing
+assumes GPUs):
 
 - `deepspeed`: a hostfile is written inside the job and DeepSpeed's launcher runs on the
   batch host, reaching every node over pdsh/ssh (the ranks start outside Slurm's steps, as
@@ -23,9 +24,7 @@ do no I/O, so tests and scripts/bench_nodelist.py call them directly.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import os
 import pathlib
 import re
 import shlex
@@ -35,16 +34,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import hostlist
-from rich.console import Console
 
 from . import static
 from .errors import DsclusterError
 from .hostfile import SYSTEM_PATH, check_env_value, parse_env_file, render_env
+from .inventory import DEFAULT_MASTER_PORT, master_port_var, plain_var
 from .util import atomic_write
 
 MODES = ("deepspeed", "torchrun", "srun")
 DEFAULT_VENV = "/opt/dscluster/venv"
-DEFAULT_PORT = 29500
 # One item of SLURM_JOB_CPUS_PER_NODE / SLURM_TASKS_PER_NODE: `72`, or `36(x2)` (two nodes).
 CPUS_ITEM_RE = re.compile(r"^(?P<count>[0-9]+)(?:\(x(?P<repeat>[0-9]+)\))?$")
 # Slurm's --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or unlimited.
@@ -232,25 +230,35 @@ def slurm_spec(
     )
 
 
-def cmd_inventory_slurm(args: argparse.Namespace, out: Console, err: Console) -> int:
-    env = dict(os.environ)
-    static.check_name(args.name)
-    if args.slots is not None and args.slots < 1:
-        raise DsclusterError(f"--slots {args.slots} is out of range; use 1 or more")
-    nodes = discover_nodes(args.nodelist, env)
-    if args.slots is not None:
-        slots, source = [args.slots] * len(nodes), "--slots"
+@dataclasses.dataclass(frozen=True)
+class WrittenInventory:
+    hosts_yml: pathlib.Path
+    hostfile: pathlib.Path
+    nodes: list[str]
+    slots: list[int]
+    slots_source: str  # what the slot counts came from (--slots, SLURM_JOB_GPUS...)
+
+
+def write_inventory(
+    name: str,
+    *,
+    nodelist: str | None,
+    slots: int | None,
+    ssh: static.SshOptions,
+    out: pathlib.Path | None,
+    env: Mapping[str, str],
+) -> WrittenInventory:
+    """`dscluster inventory slurm`: the allocation's (or `nodelist`'s) nodes, written."""
+    static.check_name(name)
+    if slots is not None and slots < 1:
+        raise DsclusterError(f"--slots {slots} is out of range; use 1 or more")
+    nodes = discover_nodes(nodelist, env)
+    if slots is not None:
+        counts, source = [slots] * len(nodes), "--slots"
     else:
-        slots, source = slots_and_source(env, nodes)
-    spec = slurm_spec(
-        args.name,
-        nodes=nodes,
-        slots=slots,
-        source=source,
-        env=env,
-        ssh=static.ssh_vars(args.user, args.key_file, args.known_hosts),
-    )
-    target = pathlib.Path(args.out) if args.out else static.default_out(args.name)
+        counts, source = slots_and_source(env, nodes)
+    spec = slurm_spec(name, nodes=nodes, slots=counts, source=source, env=env, ssh=ssh.vars())
+    target = out or static.default_out(name)
     job = spec.all_vars.get("dscluster_slurm_job_id")
     header = (
         "---\n"
@@ -261,24 +269,7 @@ def cmd_inventory_slurm(args: argparse.Namespace, out: Console, err: Console) ->
         "# know each other already; --known-hosts FILE points UserKnownHostsFile at a file.\n"
     )
     hosts_yml, hostfile = static.write_cluster(spec, target, header)
-    out.print(f"wrote {hosts_yml} ({len(nodes)} nodes, head {nodes[0]}, slots from {source})")
-    out.print(f"wrote {hostfile} ({sum(slots)} slots)")
-    return 0
-
-
-def add_inventory_parser(isub: Any) -> None:
-    """Add `slurm` to the subparsers of `dscluster inventory`."""
-    p = isub.add_parser("slurm", help="an inventory from a Slurm allocation or node list")
-    p.add_argument("--name", default="slurm", help="inventory name (default slurm)")
-    p.add_argument(
-        "--nodelist", help="Slurm node list, e.g. 'gpu-[001-004,010],cpu7' (default: the job's)"
-    )
-    p.add_argument(
-        "--slots", type=int, help="slots per node (default: GPUs, tasks or CPUs Slurm gave)"
-    )
-    p.add_argument("--out", help="directory to write (default inventories/<name>)")
-    static.add_ssh_arguments(p)
-    p.set_defaults(func=cmd_inventory_slurm)
+    return WrittenInventory(hosts_yml, hostfile, nodes, counts, source)
 
 
 # ---- dscluster sbatch --------------------------------------------------------------------
@@ -286,20 +277,24 @@ def add_inventory_parser(isub: Any) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class SbatchOptions:
-    mode: str
+    launcher: str
     command: list[str]  # the user's script and its arguments
     nodes: int | None = None
-    slots_per_node: int | None = None
+    slots: int | None = None  # per node
     partition: str | None = None
     time: str | None = None
     job_name: str | None = None
-    output: str | None = None
+    slurm_output: str | None = None  # Slurm's log file (#SBATCH --output)
     chdir: str | None = None
     gres: str | None = None
     venv: str = DEFAULT_VENV
-    port: int = DEFAULT_PORT
+    master_port: int | None = None  # None: DEFAULT_MASTER_PORT
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # from .deepspeed_env
     origin: str = "dscluster sbatch"  # the command line, for the header comment
+
+    @property
+    def port(self) -> int:
+        return DEFAULT_MASTER_PORT if self.master_port is None else self.master_port
 
 
 def _check_value(flag: str, value: str | None) -> None:
@@ -311,18 +306,18 @@ def _check_value(flag: str, value: str | None) -> None:
 
 
 def validate(opts: SbatchOptions) -> None:
-    if opts.mode not in MODES:
-        raise DsclusterError(f"--mode {opts.mode!r} is not a launch mode; use {', '.join(MODES)}")
+    if opts.launcher not in MODES:
+        raise DsclusterError(
+            f"--launcher {opts.launcher!r} is not a launch mode; use {', '.join(MODES)}"
+        )
     if not opts.command:
         raise DsclusterError("no script to run; end the command with: -- script.py [args...]")
     if opts.nodes is not None and opts.nodes < 1:
         raise DsclusterError(f"--nodes {opts.nodes} is out of range; use 1 or more")
-    if opts.slots_per_node is not None and opts.slots_per_node < 1:
-        raise DsclusterError(
-            f"--slots-per-node {opts.slots_per_node} is out of range; use 1 or more"
-        )
+    if opts.slots is not None and opts.slots < 1:
+        raise DsclusterError(f"--slots {opts.slots} is out of range; use 1 or more")
     if not 1 <= opts.port <= 65535:
-        raise DsclusterError(f"--port {opts.port} is out of range; use 1 to 65535")
+        raise DsclusterError(f"--master-port {opts.port} is out of range; use 1 to 65535")
     if opts.time is not None and not TIME_RE.match(opts.time):
         raise DsclusterError(
             f"--time {opts.time!r} is not a Slurm time; use minutes, HH:MM:SS or D-HH:MM:SS"
@@ -330,7 +325,7 @@ def validate(opts: SbatchOptions) -> None:
     for flag, value in (
         ("--partition", opts.partition),
         ("--job-name", opts.job_name),
-        ("--output", opts.output),
+        ("--slurm-output", opts.slurm_output),
         ("--chdir", opts.chdir),
         ("--gres", opts.gres),
         ("--venv", opts.venv),
@@ -354,11 +349,11 @@ def _sbatch_header(opts: SbatchOptions) -> list[str]:
     for flag, value in (
         ("--job-name", opts.job_name),
         ("--nodes", opts.nodes),
-        ("--ntasks-per-node", opts.slots_per_node),
+        ("--ntasks-per-node", opts.slots),
         ("--gres", opts.gres),
         ("--partition", opts.partition),
         ("--time", opts.time),
-        ("--output", opts.output),
+        ("--output", opts.slurm_output),
         ("--chdir", opts.chdir),
     ):
         if value is not None:
@@ -459,10 +454,10 @@ def render_sbatch(opts: SbatchOptions) -> str:
         "# allocation; the values below are the defaults baked in when it was written.",
         "set -euo pipefail",
         "",
-        f"MODE={opts.mode}",
+        f"MODE={opts.launcher}",
         f"VENV={q(opts.venv)}",
         f"PORT={opts.port}",
-        f"SLOTS_PER_NODE={opts.slots_per_node or ''}",
+        f"SLOTS_PER_NODE={opts.slots or ''}",
         f"JOB_DIR={q(opts.chdir) if opts.chdir else '${SLURM_SUBMIT_DIR:-$PWD}'}",
         "",
         "# The ranks' environment (the inventory's .deepspeed_env, venv first on PATH).",
@@ -473,7 +468,7 @@ def render_sbatch(opts: SbatchOptions) -> str:
         else:
             lines.append(f"export {key}={q(value)}")
     command = " ".join(q(a) for a in opts.command)
-    body = {"deepspeed": _DEEPSPEED, "torchrun": _TORCHRUN, "srun": _SRUN}[opts.mode]
+    body = {"deepspeed": _DEEPSPEED, "torchrun": _TORCHRUN, "srun": _SRUN}[opts.launcher]
     fill = {"@ENV_FILE@": env_file, "@COMMAND@": command}
     body = re.sub("@ENV_FILE@|@COMMAND@", lambda m: fill[m.group(0)], body)
     return "\n".join(lines) + "\n" + _PRELUDE + body
@@ -489,93 +484,16 @@ def inventory_defaults(source: str) -> tuple[str | None, int | None, dict[str, s
     from .inventory import load  # noqa: PLC0415 (runs ansible-inventory)
 
     inv = load(source)
-    head = inv.head
-
-    def plain(name: str) -> Any:
-        value = inv.var(head, name)
-        if isinstance(value, str) and "{{" in value:
-            raise DsclusterError(
-                f"{name} in {inv.source} is a template ({value}); pass the value on the "
-                "command line instead"
-            )
-        return value
-
-    venv = plain("dscluster_venv")
-    port = plain("dscluster_master_port")
-    if port is not None:
-        try:
-            port = int(port)
-        except (TypeError, ValueError) as exc:
-            raise DsclusterError(
-                f"dscluster_master_port in {inv.source} is {port!r}, not a port number; fix it"
-            ) from exc
+    venv = plain_var(inv, "dscluster_venv")
+    port = master_port_var(inv)
     env_path = inv.directory / ".deepspeed_env"
     env = parse_env_file(env_path.read_text(), str(env_path)) if env_path.is_file() else {}
     return (str(venv) if venv else None), port, env
 
 
-def cmd_sbatch(args: argparse.Namespace, out: Console, err: Console) -> int:
-    venv, port, env = (None, None, {})
-    if args.inventory:
-        venv, port, env = inventory_defaults(args.inventory)
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    opts = SbatchOptions(
-        mode=args.mode,
-        command=command,
-        nodes=args.nodes,
-        slots_per_node=args.slots_per_node,
-        partition=args.partition,
-        time=args.time,
-        job_name=args.job_name,
-        output=args.output,
-        chdir=args.chdir,
-        gres=args.gres,
-        venv=args.venv or venv or DEFAULT_VENV,
-        port=args.port if args.port is not None else (port or DEFAULT_PORT),
-        env=env,
-        origin=f"dscluster sbatch --mode {args.mode}",
-    )
+def write_sbatch(opts: SbatchOptions, out: pathlib.Path | None = None) -> pathlib.Path:
+    """Render the batch script (nothing written on any error), then write it, executable."""
     text = render_sbatch(opts)
-    path = pathlib.Path(args.script) if args.script else default_script_path(args.mode)
+    path = out or default_script_path(opts.launcher)
     atomic_write(path, text, mode=0o755)
-    out.print(str(path), markup=False, highlight=False)
-    return 0
-
-
-def add_parsers(sub: Any, add_inventory: Any) -> None:
-    """Add the top-level `sbatch` command. add_inventory(p) adds a required -i; sbatch's is
-    optional, so it is added here with the same flags."""
-    del add_inventory  # -i is optional for sbatch
-    p = sub.add_parser(
-        "sbatch",
-        help="write a Slurm batch script for a launch mode (deepspeed, torchrun, srun)",
-        description="Write a bash batch script; submit it with sbatch. "
-        "Example: dscluster sbatch --mode torchrun --nodes 2 -- train.py --epochs 3",
-    )
-    p.add_argument("--mode", required=True, help="launch mode: deepspeed, torchrun or srun")
-    p.add_argument("--nodes", type=int, help="#SBATCH --nodes")
-    p.add_argument(
-        "--slots-per-node",
-        type=int,
-        help="#SBATCH --ntasks-per-node, and ranks per node where Slurm reports no GPUs",
-    )
-    p.add_argument("--gres", help="#SBATCH --gres, e.g. gpu:4 (nothing GPU-related otherwise)")
-    p.add_argument("--partition", help="#SBATCH --partition")
-    p.add_argument("--time", help="#SBATCH --time, e.g. 30 or 1-00:00:00")
-    p.add_argument("--job-name", help="#SBATCH --job-name")
-    p.add_argument("--output", help="#SBATCH --output (Slurm's log file, e.g. slurm-%%j.out)")
-    p.add_argument("--chdir", help="#SBATCH --chdir; the job's hostfile is written there")
-    p.add_argument("--venv", help=f"the nodes' venv (default dscluster_venv or {DEFAULT_VENV})")
-    p.add_argument("--port", type=int, help=f"rendezvous / master port (default {DEFAULT_PORT})")
-    p.add_argument(
-        "-o", "--script", help="where to write the batch script (default dscluster-<mode>.sbatch)"
-    )
-    p.add_argument(
-        "-i",
-        "--inventory",
-        help="inventories/<name>: venv/port defaults and its .deepspeed_env for the ranks",
-    )
-    p.add_argument("command", nargs="+", help="-- script.py [args...]")
-    p.set_defaults(func=cmd_sbatch)
+    return path

@@ -8,7 +8,6 @@ the straggler maths here is pure and runs on the controller over the job's repor
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import pathlib
@@ -21,13 +20,12 @@ from rich.console import Console
 from rich.table import Table
 
 from . import storage
+from .dsconfig import OFFLOADS, ZERO_STAGES
 from .errors import DsclusterError
 from .hostfile import write_launch_files
-from .inventory import Inventory
+from .inventory import DEFAULT_MASTER_PORT, Inventory
 from .launch import (
-    DEFAULT_MASTER_PORT,
     LAUNCH_TIME,
-    add_launcher_option,
     lost_nodes,
     new_run_id,
     plan_for,
@@ -37,10 +35,7 @@ from .util import atomic_write, print_warnings
 
 __all__ = [
     "Straggler",
-    "add_parsers",
-    "add_smoke_options",
     "bandwidth_table",
-    "cmd_smoke",
     "config_table",
     "find_stragglers",
     "link_bandwidths",
@@ -48,30 +43,13 @@ __all__ = [
     "lost_nodes",
     "rank_table",
     "run_smoke",
-    "zero_stages",
 ]
 
-ZERO_STAGES = (1, 2, 3)
-OFFLOADS = ("none", "cpu", "nvme")
 DEFAULT_STRAGGLER_FACTOR = 2.0
 
 
 def job_source() -> pathlib.Path:
     return pathlib.Path(str(resources.files("dscluster.jobs") / "smoke_job.py"))
-
-
-def zero_stages(text: str) -> tuple[int, ...]:
-    """argparse type of --zero: `2` or `1,2,3` -> the stages, in order, each once."""
-    stages: list[int] = []
-    for raw in str(text).split(","):
-        part = raw.strip()
-        if not part.isdigit() or int(part) not in ZERO_STAGES:
-            raise argparse.ArgumentTypeError(
-                f"invalid choice: {part!r} (choose ZeRO stages from 1, 2, 3, comma-separated)"
-            )
-        if int(part) not in stages:
-            stages.append(int(part))
-    return tuple(stages)
 
 
 # --- stragglers (pure) ----------------------------------------------------------------------
@@ -196,14 +174,6 @@ def report_stragglers(report: Mapping[str, Any], factor: float) -> list[Straggle
 
 
 # --- the run --------------------------------------------------------------------------------
-
-
-def add_smoke_options(parser) -> None:
-    """The options `dscluster smoke` takes besides -i (kept for callers of the old API)."""
-    add_launcher_option(parser)
-    parser.add_argument(
-        "--master-port", type=int, default=DEFAULT_MASTER_PORT, help="rendezvous port on the head"
-    )
 
 
 def run_smoke(
@@ -463,104 +433,3 @@ def bandwidth_table(report: dict[str, Any]) -> Table:
             f"{row['busbw_gbps']:.3f}",
         )
     return table
-
-
-# --- command line (wired by cli.py) ---------------------------------------------------------
-
-
-def add_parsers(sub, add_inventory) -> None:
-    smoke = sub.add_parser("smoke", help="run a DeepSpeed job across every slot")
-    add_inventory(smoke)
-    smoke.add_argument(
-        "--zero",
-        type=zero_stages,
-        default=(2,),
-        help="ZeRO stage(s), comma-separated: 2 (default) or 1,2,3 (one launch runs them all)",
-    )
-    smoke.add_argument(
-        "--offload",
-        choices=("cpu", "nvme"),
-        default=None,
-        help="also run each stage with optimizer (and ZeRO-3 parameter) offload; nvme needs "
-        "ZeRO-3 and DeepSpeed's async_io op on every node, else it is reported skipped",
-    )
-    smoke.add_argument(
-        "--ds-config",
-        type=pathlib.Path,
-        default=None,
-        help="run this DeepSpeed config (from 'dscluster dsconfig') instead of --zero/--offload, "
-        "with a checkpoint save and load in dscluster_checkpoint_dir; the loss must still fall "
-        "within --steps (write it with e.g. --lr 3e-3)",
-    )
-    smoke.add_argument("--steps", type=int, default=30)
-    smoke.add_argument("--timeout", type=int, default=600, help="seconds before the job is cut")
-    smoke.add_argument("--json", action="store_true", help="print the report as JSON")
-    smoke.add_argument(
-        "--no-doctor", action="store_true", help="skip the doctor checks run before the job"
-    )
-    smoke.add_argument(
-        "--straggler-factor",
-        type=float,
-        default=DEFAULT_STRAGGLER_FACTOR,
-        help="flag a link or node slower than the median by this factor (default 2)",
-    )
-    smoke.add_argument(
-        "--fail-on-straggler", action="store_true", help="exit non-zero when a straggler is found"
-    )
-    add_smoke_options(smoke)
-    smoke.set_defaults(func=cmd_smoke)
-
-
-def cmd_smoke(args, out: Console, err: Console) -> int:
-    from .inventory import load  # noqa: PLC0415
-
-    inv = load(args.inventory)
-    from .doctor import preflight  # noqa: PLC0415
-
-    report, path = run_smoke(
-        inv,
-        zero=args.zero,
-        offload=args.offload or "none",
-        steps=args.steps,
-        timeout=args.timeout,
-        launcher=args.launcher,
-        master_port=args.master_port,
-        straggler_factor=args.straggler_factor,
-        console=err,
-        preflight=preflight(
-            inv, master_port=args.master_port, console=err, what="smoke", skip=args.no_doctor
-        ),
-        ds_config=args.ds_config,
-    )
-    stragglers = report.get("stragglers", [])
-    failing = bool(stragglers) and args.fail_on_straggler
-    if args.json:
-        out.print_json(json.dumps(report))
-    else:
-        out.print(rank_table(report))
-        if len(report.get("configs", [])) > 1:
-            out.print(config_table(report))
-        if (report.get("p2p") or {}).get("hosts"):
-            out.print(link_table(report))
-        out.print(bandwidth_table(report))
-    for straggler in stragglers:
-        err.print(f"warning: {straggler['message']}", markup=False, highlight=False)
-    # stdout stays one JSON document with --json
-    (err if args.json else out).print(
-        f"smoke report: {path}" + (f" and {report['png']}" if report.get("png") else ""),
-        markup=False,
-        highlight=False,
-    )
-    if failing:
-        names = sorted({n for s in stragglers for n in s["nodes"]})
-        raise DsclusterError(
-            f"{len(stragglers)} straggler(s) on {', '.join(names)} (--fail-on-straggler); "
-            f"report: {path}"
-        )
-    if not args.json:
-        out.print(
-            f"smoke test passed: {report['world_size']} ranks; report {path}",
-            markup=False,
-            highlight=False,
-        )
-    return 0

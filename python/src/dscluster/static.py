@@ -21,7 +21,6 @@ This module also holds the inventory writer the Slurm source shares (`write_clus
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import pathlib
 import re
@@ -29,7 +28,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import hostlist
-from rich.console import Console
 
 from .errors import DsclusterError
 from .hostfile import render_hostfile
@@ -135,6 +133,18 @@ def _short(hosts: Sequence[str]) -> str:
     return hostlist.collect_hostlist(list(hosts)) if len(hosts) > 3 else ", ".join(hosts)
 
 
+@dataclasses.dataclass(frozen=True)
+class SshOptions:
+    """How Ansible logs in: --user, --key-file, --known-hosts."""
+
+    user: str | None = None
+    key_file: str | None = None
+    known_hosts: str | None = None
+
+    def vars(self) -> dict[str, Any]:
+        return ssh_vars(self.user, self.key_file, self.known_hosts)
+
+
 def ssh_vars(
     user: str | None = None, key_file: str | None = None, known_hosts: str | None = None
 ) -> dict[str, Any]:
@@ -201,52 +211,33 @@ def write_cluster(spec: ClusterSpec, out: pathlib.Path, header: str) -> tuple[pa
     return hosts_yml, hostfile
 
 
-def cmd_inventory_static(args: argparse.Namespace, out: Console, err: Console) -> int:
-    check_name(args.name)
-    entries = order_head(parse_hosts(args.hosts, args.slots), args.head)
+def write_inventory(
+    hosts: str,
+    *,
+    head: str | None,
+    slots: int,
+    name: str,
+    out: pathlib.Path | None,
+    ssh: SshOptions,
+) -> tuple[pathlib.Path, pathlib.Path, list[tuple[str, int]]]:
+    """`dscluster inventory static`: (hosts.yml, hostfile, [(host, slots)], head first)."""
+    check_name(name)
+    entries = order_head(parse_hosts(hosts, slots), head)
     spec = ClusterSpec(
-        name=args.name,
+        name=name,
         source="static",
         entries=entries,
-        all_vars=ssh_vars(args.user, args.key_file, args.known_hosts),
+        all_vars=ssh.vars(),
         cpu_slots=True,
         ansible_host=True,
     )
-    target = pathlib.Path(args.out) if args.out else default_out(args.name)
+    target = out or default_out(name)
     header = (
         "---\n"
-        f"# Written by `dscluster inventory static --hosts {args.hosts}`: {len(entries)} hosts,\n"
+        f"# Written by `dscluster inventory static --hosts {hosts}`: {len(entries)} hosts,\n"
         f"# head {entries[0][0]}. Edit freely; inventories/sample/ documents every variable.\n"
         "# Host keys are checked (StrictHostKeyChecking=yes): the controller's known_hosts (or\n"
         "# --known-hosts FILE) must already hold them.\n"
     )
     hosts_yml, hostfile = write_cluster(spec, target, header)
-    total = sum(s for _, s in entries)
-    out.print(f"wrote {hosts_yml} ({len(entries)} hosts, head {entries[0][0]})")
-    out.print(f"wrote {hostfile} ({total} slots)")
-    return 0
-
-
-def add_ssh_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--user", help="SSH user Ansible logs in as (ansible_user)")
-    p.add_argument("--key-file", help="SSH private key (ansible_ssh_private_key_file)")
-    p.add_argument(
-        "--known-hosts",
-        help="known_hosts holding the nodes' host keys (UserKnownHostsFile); checking stays on",
-    )
-
-
-def add_inventory_parser(isub: Any) -> None:
-    """Add `static` to the subparsers of `dscluster inventory`."""
-    p = isub.add_parser("static", help="an inventory from a plain host list (a,b,c or node[1-4])")
-    p.add_argument(
-        "--hosts",
-        required=True,
-        help="comma-separated hosts, head first: name, name:slots or prefix[01-16]",
-    )
-    p.add_argument("--head", help="the head host (default: the first one listed)")
-    p.add_argument("--slots", type=int, default=1, help="slots per host without :N (default 1)")
-    p.add_argument("--name", default="static", help="inventory name (default static)")
-    p.add_argument("--out", help="directory to write (default inventories/<name>)")
-    add_ssh_arguments(p)
-    p.set_defaults(func=cmd_inventory_static)
+    return hosts_yml, hostfile, entries

@@ -200,9 +200,9 @@ def test_generated_sbatch_script_runs_the_deepspeed_job(
     job_dir = f"{ivars.get('dscluster_shared_dir', '/shared')}/sbatch-{mode}-{uuid.uuid4().hex[:6]}"
     script = tmp_path / f"{mode}.sbatch"
     gen = dsc(
-        "sbatch", "--mode", mode, "--nodes", str(nodes), "--slots-per-node", "1",
+        "sbatch", "--launcher", mode, "--nodes", str(nodes), "--slots", "1",
         "--job-name", f"e2e-{mode}", "--time", "10:00", "--chdir", job_dir,
-        "--output", f"{job_dir}/%x-%j.out", "-i", str(cluster), "-o", str(script),
+        "--slurm-output", f"{job_dir}/%x-%j.out", "-i", str(cluster), "-o", str(script),
         "--", f"{job_dir}/smoke_job.py", "--zero", "2", "--steps", "10",
         "--report", f"{job_dir}/report.json", "--dist-timeout", "60",
     )  # fmt: skip

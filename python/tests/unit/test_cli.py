@@ -77,3 +77,38 @@ def test_parser_lists_commands():
     parser = cli.build_parser()
     with pytest.raises(SystemExit):
         parser.parse_args(["--help"])
+
+
+def test_dsconfig_takes_one_zero_stage(inventory_dir: pathlib.Path):
+    """--zero is spelled as in smoke; a config has one stage, so a list is one clear line."""
+    line = one_line_error(run_cli("dsconfig", "-i", str(inventory_dir), "--zero", "1,2"))
+    assert "--zero 1,2: a config has one ZeRO stage" in line
+    proc = run_cli("dsconfig", "-i", str(inventory_dir), "--zero", "4")
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr
+
+
+def test_master_port_from_the_inventory(inventory_dir: pathlib.Path):
+    """--master-port, else the inventory's dscluster_master_port, else the one default."""
+    from dscluster import inventory  # noqa: PLC0415
+
+    inv = inventory.load(inventory_dir)
+    assert inventory.master_port(inv) == inventory.DEFAULT_MASTER_PORT == 29500
+    assert inventory.master_port(inv, 29411) == 29411
+    hosts = inventory_dir / "hosts.yml"
+    hosts.write_text(
+        hosts.read_text().replace(
+            "    dscluster_cpu_slots: 1\n",
+            "    dscluster_cpu_slots: 1\n    dscluster_master_port: 29601\n",
+        )
+    )
+    inv = inventory.load(inventory_dir)
+    assert inventory.master_port(inv) == 29601
+    assert inventory.master_port(inv, 29411) == 29411
+
+
+@pytest.mark.parametrize("flag", ["--slots", "--cpu-slots", "--slots-per-node"])
+def test_slots_spellings_are_one_option(flag: str):
+    parser = cli.build_parser()
+    for argv in (["local", "up"], ["inventory", "static", "--hosts", "a"],
+                 ["inventory", "aws", "--cluster", "c"], ["inventory", "slurm"]):  # fmt: skip
+        assert parser.parse_args([*argv, flag, "3"]).slots == 3, argv

@@ -3,7 +3,6 @@ hostfile, heterogeneous slots, quoting, one-line errors."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import pathlib
 import shlex
@@ -15,12 +14,13 @@ import uuid
 
 import pytest
 
+from dscluster import cli
+from dscluster.cli import flags
 from dscluster.errors import DsclusterError
 from dscluster.hostfile import render_hostfile
 from dscluster.jobs import launch_watch
 from dscluster.launch import (
     LAUNCH_TIME,
-    add_parsers,
     build_plan,
     lost_nodes,
     parse_node_specs,
@@ -257,13 +257,17 @@ def test_plan_errors():
 
 
 def test_cli_parser_takes_the_script_after_double_dash():
-    parser = argparse.ArgumentParser()
-    sub = parser.add_subparsers(dest="command")
-    add_parsers(sub, lambda p: p.add_argument("-i", "--inventory", required=True))
+    parser = cli.build_parser()
     args = parser.parse_args(
         ["launch", "-i", "inv", "--launcher", "mpi", "--exclude", "h2", "--", "t.py", "--x", "1"]
     )
     assert (args.launcher, args.exclude, args.program) == ("mpi", "h2", ["--", "t.py", "--x", "1"])
+    assert flags.after_dashes(args.program) == ["t.py", "--x", "1"]
+    # --master-port: unset on the command line, the inventory's or the default applies
+    assert args.master_port is None
+    assert parser.parse_args(["launch", "-i", "x", "--port", "29411"]).master_port == 29411
+    with pytest.raises(SystemExit):
+        parser.parse_args(["launch", "-i", "x", "--launcher", "srun"])
 
 
 def test_lost_nodes_blames_the_killed_rank_not_the_ranks_it_broke():

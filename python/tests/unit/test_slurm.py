@@ -3,7 +3,6 @@ batch scripts run by bash against recording shims of scontrol / srun / torchrun 
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
@@ -19,33 +18,20 @@ import pytest
 import yaml
 from rich.console import Console
 
-from dscluster import slurm, static
+from dscluster import cli, inventory, slurm
+from dscluster.cli import flags
 from dscluster.errors import DsclusterError
 from dscluster.inventory import load
 
 DS_HOSTFILE_RE = re.compile(r"^(\S+)\s+slots=(\d+)")  # DeepSpeed's runner._parse_hostfile
 
 
-# ---- a CLI like dscluster.cli.main, built from this module's parser hooks ----------------
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dscluster")
-    sub = parser.add_subparsers(dest="command", required=True)
-    inv = sub.add_parser("inventory")
-    isub = inv.add_subparsers(dest="inventory_command", required=True)
-    slurm.add_inventory_parser(isub)
-    static.add_inventory_parser(isub)
-
-    def add_inventory(p: argparse.ArgumentParser) -> None:
-        p.add_argument("-i", "--inventory", required=True)
-
-    slurm.add_parsers(sub, add_inventory)
-    return parser
+# ---- dscluster.cli.main in this process, its output captured ---------------------------------
 
 
 def run_cli(*argv: str) -> tuple[int, str, str]:
-    args = build_parser().parse_args(list(argv))
+    args = cli.build_parser().parse_args(list(argv))
+    flags.check_required(args)
     out_buf, err_buf = io.StringIO(), io.StringIO()
     out = Console(file=out_buf, soft_wrap=True, width=200)
     err = Console(file=err_buf, soft_wrap=True, width=200)
@@ -480,7 +466,16 @@ def write_script(tmp_path: pathlib.Path, mode: str, *extra: str) -> pathlib.Path
     make_shims(tmp_path)
     script = tmp_path / f"{mode}.sbatch"
     rc, out, err = run_cli(
-        "sbatch", "--mode", mode, "--venv", str(venv), "-o", str(script), *extra, "--", *USER_ARGS
+        "sbatch",
+        "--launcher",
+        mode,
+        "--venv",
+        str(venv),
+        "-o",
+        str(script),
+        *extra,
+        "--",
+        *USER_ARGS,
     )
     assert rc == 0, err
     assert out.strip() == str(script)
@@ -503,8 +498,8 @@ def test_sbatch_header_as_given(tmp_path):
     script = write_script(
         tmp_path,
         "torchrun",
-        "--nodes", "2", "--slots-per-node", "2", "--partition", "debug", "--time", "0:10:00",
-        "--job-name", "smoke", "--output", "slurm-%j.out", "--chdir", "/shared/jobs",
+        "--nodes", "2", "--slots", "2", "--partition", "debug", "--time", "0:10:00",
+        "--job-name", "smoke", "--slurm-output", "slurm-%j.out", "--chdir", "/shared/jobs",
     )  # fmt: skip
     assert sbatch_lines(script) == [
         "#SBATCH --job-name=smoke",
@@ -526,7 +521,7 @@ def test_sbatch_minimal_header(tmp_path):
 
 
 def test_sbatch_srun_mode_one_task_per_slot(tmp_path):
-    script = write_script(tmp_path, "srun", "--slots-per-node", "2", "--port", "29611")
+    script = write_script(tmp_path, "srun", "--slots", "2", "--master-port", "29611")
     proc = submit(tmp_path, script)
     assert proc.returncode == 0, proc.stderr
     [call] = [json.loads(ln) for ln in (tmp_path / "log" / "srun.jsonl").read_text().splitlines()]
@@ -550,7 +545,7 @@ def test_sbatch_srun_mode_one_task_per_slot(tmp_path):
 
 
 def test_sbatch_srun_mode_gpus_on_node_win(tmp_path):
-    script = write_script(tmp_path, "srun", "--slots-per-node", "1")
+    script = write_script(tmp_path, "srun", "--slots", "1")
     proc = submit(tmp_path, script, nodelist="g[01-03]", cpus="8(x3)",
                   extra={"SLURM_GPUS_ON_NODE": "2"})  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -571,7 +566,7 @@ def test_sbatch_srun_mode_more_gpus_than_cpus_overcommits(tmp_path):
 
 
 def test_sbatch_torchrun_mode(tmp_path):
-    script = write_script(tmp_path, "torchrun", "--slots-per-node", "2", "--port", "29400")
+    script = write_script(tmp_path, "torchrun", "--slots", "2", "--master-port", "29400")
     proc = submit(tmp_path, script, nodelist="n[1-2]", cpus="2(x2)")
     assert proc.returncode == 0, proc.stderr
     [call] = [json.loads(ln) for ln in (tmp_path / "log" / "srun.jsonl").read_text().splitlines()]
@@ -605,7 +600,7 @@ def test_sbatch_torchrun_mode(tmp_path):
 
 
 def test_sbatch_deepspeed_mode(tmp_path):
-    script = write_script(tmp_path, "deepspeed", "--slots-per-node", "3", "--port", "29555")
+    script = write_script(tmp_path, "deepspeed", "--slots", "3", "--master-port", "29555")
     proc = submit(tmp_path, script, nodelist="w[1-3]", cpus="3(x3)")
     assert proc.returncode == 0, proc.stderr
     rec = json.loads((tmp_path / "log" / "deepspeed.json").read_text())
@@ -656,7 +651,7 @@ def test_sbatch_fails_without_scontrol(tmp_path):
 
 @pytest.mark.parametrize("mode", ["srun", "torchrun"])
 def test_sbatch_rank_failure_fails_the_job(tmp_path, mode):
-    script = write_script(tmp_path, mode, "--slots-per-node", "2")
+    script = write_script(tmp_path, mode, "--slots", "2")
     proc = submit(tmp_path, script, extra={"FAIL_RANK": "2"})
     assert proc.returncode != 0
 
@@ -693,7 +688,7 @@ def test_sbatch_takes_defaults_and_env_from_inventory(tmp_path):
     inv = write_inventory(tmp_path, venv)
     script = tmp_path / "inv.sbatch"
     rc, _, err = run_cli(
-        "sbatch", "--mode", "srun", "-i", str(inv), "-o", str(script), "--", *USER_ARGS
+        "sbatch", "--launcher", "srun", "-i", str(inv), "-o", str(script), "--", *USER_ARGS
     )
     assert rc == 0, err
     proc = submit(tmp_path, script)
@@ -704,7 +699,7 @@ def test_sbatch_takes_defaults_and_env_from_inventory(tmp_path):
 
     script = tmp_path / "inv-ds.sbatch"
     rc, _, err = run_cli(
-        "sbatch", "--mode", "deepspeed", "-i", str(inv), "-o", str(script), "--", *USER_ARGS
+        "sbatch", "--mode", "deepspeed", "-i", str(inv), "--out", str(script), "--", *USER_ARGS
     )
     assert rc == 0, err
     proc = submit(tmp_path, script)
@@ -722,14 +717,20 @@ def test_sbatch_takes_defaults_and_env_from_inventory(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["--mode", "mpirun"], "--mode 'mpirun' is not a launch mode"),
+        (["--launcher", "srun", "--nodes", "0"], "--nodes 0 is out of range"),
+        (["--launcher", "srun", "--slots", "0"], "--slots 0 is out of range"),
+        (["--launcher", "srun", "--master-port", "70000"], "--master-port 70000 is out of range"),
+        (["--launcher", "srun", "--time", "ten minutes"], "is not a Slurm time"),
+        (["--launcher", "srun", "--job-name", "a b"], "has blanks, quotes or shell characters"),
+        (["--launcher", "srun", "--partition", "p;rm"], "has blanks, quotes or shell characters"),
+        (["--launcher", "srun", "--venv", "venv"], "is not an absolute path"),
+        (["--launcher", "srun", "--slurm-output", "a b"], "has blanks, quotes or shell"),
+        # the old spellings (hidden aliases) still parse; errors name today's flag
         (["--mode", "srun", "--nodes", "0"], "--nodes 0 is out of range"),
-        (["--mode", "srun", "--slots-per-node", "0"], "--slots-per-node 0 is out of range"),
-        (["--mode", "srun", "--port", "70000"], "--port 70000 is out of range"),
-        (["--mode", "srun", "--time", "ten minutes"], "is not a Slurm time"),
-        (["--mode", "srun", "--job-name", "a b"], "has blanks, quotes or shell characters"),
-        (["--mode", "srun", "--partition", "p;rm"], "has blanks, quotes or shell characters"),
-        (["--mode", "srun", "--venv", "venv"], "is not an absolute path"),
+        (["--mode", "srun", "--slots-per-node", "0"], "--slots 0 is out of range"),
+        (["--mode", "srun", "--cpu-slots", "0"], "--slots 0 is out of range"),
+        (["--mode", "srun", "--port", "70000"], "--master-port 70000 is out of range"),
+        (["--mode", "srun", "--output", "a b"], "--slurm-output 'a b' has blanks"),
     ],
 )
 def test_sbatch_errors_one_line_nothing_written(tmp_path, argv, needle):
@@ -739,20 +740,56 @@ def test_sbatch_errors_one_line_nothing_written(tmp_path, argv, needle):
     assert not script.exists()
 
 
+@pytest.mark.parametrize("flag", ["--launcher", "--mode"])
+def test_sbatch_launcher_is_one_of_its_choices(tmp_path, capsys, flag):
+    """An unknown launcher is a usage error (exit 2) naming the choices, nothing written;
+    render_sbatch refuses one too, in one line."""
+    script = tmp_path / "x.sbatch"
+    with pytest.raises(SystemExit) as exit_:
+        run_cli("sbatch", flag, "mpirun", "-o", str(script), "--", "job.py")
+    assert exit_.value.code == 2
+    assert "invalid choice: 'mpirun'" in capsys.readouterr().err
+    assert not script.exists()
+    with pytest.raises(SystemExit) as exit_:
+        run_cli("sbatch", "-o", str(script), "--", "job.py")
+    assert exit_.value.code == 2
+    assert "required: --launcher" in capsys.readouterr().err
+    with pytest.raises(DsclusterError, match="--launcher 'mpirun' is not a launch mode"):
+        slurm.render_sbatch(slurm.SbatchOptions(launcher="mpirun", command=["job.py"]))
+
+
+def test_sbatch_old_spellings_write_the_same_script(tmp_path):
+    """--mode, --slots-per-node, --port, --output and --script: the same script as today's
+    --launcher, --slots, --master-port, --slurm-output and -o/--out."""
+    venv = make_venv(tmp_path)
+    new, old = tmp_path / "new.sbatch", tmp_path / "old.sbatch"
+    common = ["--venv", str(venv), "--nodes", "2"]
+    assert run_cli(
+        "sbatch", "--launcher", "torchrun", "--slots", "2", "--master-port", "29400",
+        "--slurm-output", "s-%j.out", *common, "--out", str(new), "--", *USER_ARGS,
+    )[0] == 0  # fmt: skip
+    assert run_cli(
+        "sbatch", "--mode", "torchrun", "--slots-per-node", "2", "--port", "29400",
+        "--output", "s-%j.out", *common, "--script", str(old), "--", *USER_ARGS,
+    )[0] == 0  # fmt: skip
+    assert old.read_text() == new.read_text()
+    assert "#SBATCH --output=s-%j.out" in new.read_text() and "PORT=29400" in new.read_text()
+
+
 def test_sbatch_bad_inventory_env_is_one_line(tmp_path):
     venv = make_venv(tmp_path)
     inv = write_inventory(tmp_path, venv)
     (inv / ".deepspeed_env").write_text("PATH=/x\n# comment\n")
     script = tmp_path / "x.sbatch"
     line = one_line_error(
-        run_cli("sbatch", "--mode", "srun", "-i", str(inv), "-o", str(script), "--", "job.py")
+        run_cli("sbatch", "--launcher", "srun", "-i", str(inv), "-o", str(script), "--", "job.py")
     )
     assert "line 2 is not KEY=VALUE" in line
     assert not script.exists()
 
 
 def test_render_sbatch_is_pure_and_quotes():
-    opts = slurm.SbatchOptions(mode="torchrun", command=["t.py", "a b", "$(rm -rf /)"])
+    opts = slurm.SbatchOptions(launcher="torchrun", command=["t.py", "a b", "$(rm -rf /)"])
     text = slurm.render_sbatch(opts)
     assert "t.py 'a b' '$(rm -rf /)'" in text
-    assert f"VENV={slurm.DEFAULT_VENV}" in text and f"PORT={slurm.DEFAULT_PORT}" in text
+    assert f"VENV={slurm.DEFAULT_VENV}" in text and f"PORT={inventory.DEFAULT_MASTER_PORT}" in text

@@ -9,6 +9,7 @@ from PIL import Image
 from rich.console import Console
 
 from dscluster import cli
+from dscluster.cli.flags import zero_stages
 from dscluster.errors import DsclusterError
 from dscluster.jobs import smoke_job
 from dscluster.smoke import (
@@ -21,7 +22,6 @@ from dscluster.smoke import (
     lost_nodes,
     rank_table,
     report_stragglers,
-    zero_stages,
 )
 from dscluster.smoke_report import build_figure, render_png, write_png
 
@@ -68,6 +68,10 @@ def test_smoke_parser_defaults_are_todays_demo():
     )  # fmt: skip
     assert (args.zero, args.offload, args.straggler_factor) == ((1, 2, 3), "nvme", 3.0)
     assert args.fail_on_straggler is True
+    # one vocabulary: --offload none is accepted as in dsconfig, --port is --master-port
+    args = cli.build_parser().parse_args(["smoke", "-i", "x", "--offload", "none", "--port", "1"])
+    assert (args.offload, args.master_port) == ("none", 1)
+    assert cli.build_parser().parse_args(["smoke", "-i", "x"]).master_port is None
 
 
 def test_job_accepts_what_run_smoke_passes():

@@ -1,0 +1,79 @@
+"""`dscluster aws up|down`: create or remove an EC2 cluster (placement group, SG, EFA)."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+from .inventory import aws_common
+
+
+def register(sub) -> None:
+    aws = sub.add_parser("aws", help="create or remove an EC2 cluster (placement group, SG, EFA)")
+    asub = aws.add_subparsers(dest="aws_command", required=True)
+    up = asub.add_parser("up", help="create or reconcile an EC2 cluster (idempotent)")
+    aws_common(up)
+    up.add_argument("--type", required=True, help="instance type, e.g. p4d.24xlarge")
+    up.add_argument("--count", type=int, required=True, help="number of instances wanted")
+    up.add_argument("--efa", action="store_true", help="EFA interfaces (type must support EFA)")
+    up.add_argument("--subnet", help="subnet id (default: a default subnet of the default VPC)")
+    up.add_argument(
+        "--ami",
+        help="AMI id, or an SSM parameter name starting with '/' that holds one (required)",
+    )
+    up.add_argument("--key-name", help="EC2 key pair name for SSH")
+    up.add_argument(
+        "--ssh-cidr", help="also allow SSH (tcp/22) into the security group from this CIDR"
+    )
+    up.add_argument(
+        "--wait", type=int, default=600, help="seconds to wait for instances (default 600)"
+    )
+    up.set_defaults(func=cmd_aws_up)
+    down = asub.add_parser("down", help="terminate the cluster and remove what 'aws up' made")
+    aws_common(down)
+    down.add_argument(
+        "--wait", type=int, default=600, help="seconds to wait for termination (default 600)"
+    )
+    down.set_defaults(func=cmd_aws_down)
+
+
+def _say(out: Console):
+    return lambda line: out.print(line, markup=False, highlight=False)
+
+
+def cmd_aws_up(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from .. import aws, aws_cluster  # noqa: PLC0415
+
+    aws.check_cluster_name(args.cluster)
+    sess = aws.session(args.profile, args.region)
+    result = aws_cluster.up(
+        sess,
+        args.cluster,
+        instance_type=args.type,
+        count=args.count,
+        efa=args.efa,
+        subnet=args.subnet,
+        ami=args.ami,
+        key_name=args.key_name,
+        ssh_cidr=args.ssh_cidr,
+        wait_s=args.wait,
+        say=_say(out),
+    )
+    out.print(result.summary(), markup=False, highlight=False)
+    return 0
+
+
+def cmd_aws_down(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from .. import aws, aws_cluster  # noqa: PLC0415
+
+    aws.check_cluster_name(args.cluster)
+    sess = aws.session(args.profile, args.region)
+    removed = aws_cluster.down(sess, args.cluster, wait_s=args.wait, say=_say(out))
+    out.print(
+        f"aws cluster '{args.cluster}': removed {len(removed)} objects"
+        + (f" ({', '.join(removed)})" if removed else ""),
+        markup=False,
+        highlight=False,
+    )
+    return 0

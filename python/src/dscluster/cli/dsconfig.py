@@ -1,0 +1,80 @@
+"""`dscluster dsconfig`: a DeepSpeed config (ZeRO 1/2/3, offload) checked on the cluster."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+
+from rich.console import Console
+
+from ..errors import DsclusterError
+from . import flags
+
+
+def register(sub) -> None:
+    from ..dsconfig import PRECISIONS  # noqa: PLC0415
+
+    p = sub.add_parser(
+        "dsconfig",
+        help="write a DeepSpeed config (ZeRO 1/2/3, CPU/NVMe offload) checked on the cluster",
+    )
+    flags.inventory(p)
+    flags.zero(p, help="ZeRO stage of the config: 1, 2 (default) or 3 (one stage: one config)")
+    flags.offload(p, default="none", help="optimizer (and ZeRO-3 parameter) offload")
+    p.add_argument(
+        "--precision", choices=PRECISIONS, default="auto", help="auto: by accelerator (default)"
+    )
+    p.add_argument("--micro-batch", type=int, default=1, help="per rank (default 1)")
+    p.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps")
+    p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate")
+    p.add_argument(
+        "--nvme-path", default=None, help="node-local NVMe directory (dscluster_scratch_dir)"
+    )
+    p.add_argument(
+        "--nvme-buffer-size",
+        type=int,
+        default=100_000_000,
+        help="offload_param buffer_size in elements (>= the largest parameter)",
+    )
+    flags.out(p, help="where to write the JSON", type=pathlib.Path)
+    p.add_argument(
+        "--no-check",
+        action="store_true",
+        help="write without running DeepSpeed's config check and the node checks",
+    )
+    p.add_argument("--print", action="store_true", help="also print the config on stdout")
+    p.set_defaults(func=cmd_dsconfig)
+
+
+def cmd_dsconfig(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from ..dsconfig import run_dsconfig  # noqa: PLC0415
+    from ..inventory import load  # noqa: PLC0415
+
+    if len(args.zero) != 1:
+        stages = ",".join(map(str, args.zero))
+        raise DsclusterError(
+            f"--zero {stages}: a config has one ZeRO stage; write one per stage "
+            "(dscluster smoke --zero takes a list and runs them all)"
+        )
+    inv = load(args.inventory)
+    path, config, notes = run_dsconfig(
+        inv,
+        zero=args.zero[0],
+        offload=args.offload,
+        precision=args.precision,
+        micro_batch=args.micro_batch,
+        grad_accum=args.grad_accum,
+        lr=args.lr,
+        nvme_path=args.nvme_path,
+        nvme_buffer_size=args.nvme_buffer_size,
+        out=args.out,
+        check=not args.no_check,
+        console=err,
+    )
+    for note in notes:
+        err.print(f"dsconfig: {note}", markup=False, highlight=False)
+    if args.print:
+        out.print_json(json.dumps(config))
+    out.print(f"wrote {path}", markup=False, highlight=False)
+    return 0

@@ -1,0 +1,149 @@
+"""Options that several commands share, defined once (as skypilot's sky/client/cli/flags.py).
+
+One spelling per concept across commands; the spellings older releases used stay as hidden
+aliases that still parse into the same place:
+
+    -i/--inventory     the inventory (inventories/<name> or its hosts.yml)
+    --launcher         how ranks start (`sbatch --mode` is an alias)
+    --master-port      rendezvous port on the head (`--port`); default: the inventory's
+                       dscluster_master_port, else inventory.DEFAULT_MASTER_PORT
+    --slots            slots per node (`--cpu-slots`, `--slots-per-node`)
+    --zero             ZeRO stage(s): `2` or `1,2,3`
+    --offload          none | cpu | nvme
+    -o/--out           the file or directory dscluster writes (`--script` for sbatch)
+    --slurm-output     Slurm's own log file, #SBATCH --output (`--output`)
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from ..dsconfig import OFFLOADS, ZERO_STAGES
+from ..inventory import DEFAULT_MASTER_PORT
+
+
+def alias(parser: argparse.ArgumentParser, *old: str, dest: str, **kwargs) -> None:
+    """Old spellings of an option: parsed into `dest`, hidden from --help."""
+    parser.add_argument(
+        *old, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs
+    )
+
+
+def inventory(parser: argparse.ArgumentParser, *, required: bool = True, help: str = "") -> None:
+    parser.add_argument(
+        "-i",
+        "--inventory",
+        required=required,
+        help=help or "inventories/<name> or its hosts.yml",
+    )
+
+
+def launcher(
+    parser: argparse.ArgumentParser,
+    choices: Sequence[str],
+    *,
+    default: str | None = None,
+    help: str,
+    old: Sequence[str] = (),
+) -> None:
+    """--launcher with its choices; `old` names aliases (sbatch's --mode). Without a default
+    one spelling is required; argparse cannot require one of two, so main() checks it."""
+    parser.add_argument("--launcher", choices=choices, default=default, help=help)
+    if old:
+        alias(parser, *old, dest="launcher", choices=choices)
+    if default is None:
+        require(parser, "launcher")
+
+
+def require(parser: argparse.ArgumentParser, dest: str) -> None:
+    """`--<dest>` must be given (in any of its spellings): checked by main() after parsing."""
+    parser.set_defaults(_required=(dest,), _parser=parser)
+
+
+def check_required(args: argparse.Namespace) -> None:
+    for dest in getattr(args, "_required", ()):
+        if getattr(args, dest, None) is None:
+            flag = "--" + dest.replace("_", "-")
+            args._parser.error(f"the following arguments are required: {flag}")
+
+
+def master_port(
+    parser: argparse.ArgumentParser, *, what: str = "rendezvous port on the head"
+) -> None:
+    parser.add_argument(
+        "--master-port",
+        type=int,
+        default=None,
+        help=f"{what} (default: the inventory's dscluster_master_port, else {DEFAULT_MASTER_PORT})",
+    )
+    alias(parser, "--port", dest="master_port", type=int)
+
+
+def slots(parser: argparse.ArgumentParser, *, default: int | None, help: str) -> None:
+    parser.add_argument("--slots", type=int, default=default, help=help)
+    alias(parser, "--cpu-slots", "--slots-per-node", dest="slots", type=int)
+
+
+def zero_stages(text: str) -> tuple[int, ...]:
+    """argparse type of --zero: `2` or `1,2,3` -> the stages, in order, each once."""
+    stages: list[int] = []
+    for raw in str(text).split(","):
+        part = raw.strip()
+        if not part.isdigit() or int(part) not in ZERO_STAGES:
+            raise argparse.ArgumentTypeError(
+                f"invalid choice: {part!r} (choose ZeRO stages from 1, 2, 3, comma-separated)"
+            )
+        if int(part) not in stages:
+            stages.append(int(part))
+    return tuple(stages)
+
+
+def zero(parser: argparse.ArgumentParser, *, help: str) -> None:
+    parser.add_argument("--zero", type=zero_stages, default=(2,), help=help)
+
+
+def offload(parser: argparse.ArgumentParser, *, default: str | None, help: str) -> None:
+    parser.add_argument("--offload", choices=OFFLOADS, default=default, help=help)
+
+
+def out(parser: argparse.ArgumentParser, *, help: str, old: Sequence[str] = (), **kwargs) -> None:
+    """-o/--out: what dscluster writes (a file, or an inventory directory)."""
+    parser.add_argument("-o", "--out", default=None, help=help, **kwargs)
+    if old:
+        alias(parser, *old, dest="out", **kwargs)
+
+
+def ssh(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--user", help="SSH user Ansible logs in as (ansible_user)")
+    parser.add_argument("--key-file", help="SSH private key (ansible_ssh_private_key_file)")
+    parser.add_argument(
+        "--known-hosts",
+        help="known_hosts holding the nodes' host keys (UserKnownHostsFile); checking stays on",
+    )
+
+
+def as_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def no_doctor(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-doctor", action="store_true", help="skip the doctor checks run before the job"
+    )
+
+
+def timeout(parser: argparse.ArgumentParser, default: int | None, what: str = "the job") -> None:
+    parser.add_argument(
+        "--timeout", type=int, default=default, help=f"seconds before {what} is cut"
+    )
+
+
+def program(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("program", nargs=argparse.REMAINDER, help="-- script.py [args...]")
+
+
+def after_dashes(words: Sequence[str]) -> list[str]:
+    """The user's program: what follows `--`."""
+    words = list(words)
+    return words[1:] if words[:1] == ["--"] else words

@@ -1,0 +1,160 @@
+"""`dscluster inventory aws|slurm|static`: write inventories/<name>/hosts.yml + hostfile."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+
+from rich.console import Console
+
+from . import flags
+
+
+def register(sub) -> None:
+    inventory = sub.add_parser(
+        "inventory", help="write an inventory from AWS, Slurm or a host list"
+    )
+    isub = inventory.add_subparsers(dest="inventory_command", required=True)
+    _aws(isub)
+    _slurm(isub)
+    _static(isub)
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+def aws_common(p: argparse.ArgumentParser) -> None:
+    """--cluster, --region, --profile: every command that talks to EC2."""
+    from ..aws import CLUSTER_TAG  # noqa: PLC0415
+
+    p.add_argument("--cluster", required=True, help=f"value of the tag {CLUSTER_TAG}")
+    p.add_argument("--region", help="AWS region (default: the profile's or AWS_DEFAULT_REGION)")
+    p.add_argument("--profile", help="AWS profile (default: boto3's chain, e.g. AWS_PROFILE)")
+
+
+def _aws(isub) -> None:
+    from ..aws import HEAD_ROLE, ROLE_TAG  # noqa: PLC0415
+
+    p = isub.add_parser(
+        "aws",
+        help="write inventories/aws/hosts.yml + hostfile from running EC2 instances of a cluster",
+    )
+    aws_common(p)
+    flags.out(p, help="directory for hosts.yml and hostfile (default inventories/aws)")
+    p.add_argument(
+        "--head-tag",
+        type=_key_value,
+        default=(ROLE_TAG, HEAD_ROLE),
+        metavar="KEY=VAL",
+        help=f"tag marking the head (default {ROLE_TAG}={HEAD_ROLE}; else lowest launch index)",
+    )
+    p.add_argument("--user", help="SSH user for every host (default: from each AMI's family)")
+    p.add_argument("--key-file", help="SSH private key (default ~/.ssh/<KeyName>.pem)")
+    p.add_argument(
+        "--public", action="store_true", help="reach hosts on public IPs (default private IPs)"
+    )
+    flags.slots(p, default=1, help="slots per CPU-only host (default 1)")
+    p.add_argument(
+        "--no-console-keys",
+        dest="console_keys",
+        action="store_false",
+        help="do not read SSH host keys from the instances' console output",
+    )
+    p.set_defaults(func=cmd_inventory_aws)
+
+
+def _slurm(isub) -> None:
+    p = isub.add_parser("slurm", help="an inventory from a Slurm allocation or node list")
+    p.add_argument("--name", default="slurm", help="inventory name (default slurm)")
+    p.add_argument(
+        "--nodelist", help="Slurm node list, e.g. 'gpu-[001-004,010],cpu7' (default: the job's)"
+    )
+    flags.slots(p, default=None, help="slots per node (default: GPUs, tasks or CPUs Slurm gave)")
+    flags.out(p, help="directory to write (default inventories/<name>)")
+    flags.ssh(p)
+    p.set_defaults(func=cmd_inventory_slurm)
+
+
+def _static(isub) -> None:
+    p = isub.add_parser("static", help="an inventory from a plain host list (a,b,c or node[1-4])")
+    p.add_argument(
+        "--hosts",
+        required=True,
+        help="comma-separated hosts, head first: name, name:slots or prefix[01-16]",
+    )
+    p.add_argument("--head", help="the head host (default: the first one listed)")
+    flags.slots(p, default=1, help="slots per host without :N (default 1)")
+    p.add_argument("--name", default="static", help="inventory name (default static)")
+    flags.out(p, help="directory to write (default inventories/<name>)")
+    flags.ssh(p)
+    p.set_defaults(func=cmd_inventory_static)
+
+
+def cmd_inventory_aws(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from .. import aws, aws_inventory  # noqa: PLC0415
+    from ..util import print_warnings  # noqa: PLC0415
+
+    aws.check_cluster_name(args.cluster)
+    sess = aws.session(args.profile, args.region)
+    result = aws_inventory.write_inventory(
+        sess,
+        args.cluster,
+        out_dir=args.out,
+        head_tag=args.head_tag,
+        user=args.user,
+        key_file=args.key_file,
+        public=args.public,
+        cpu_slots=args.slots,
+        console_keys=args.console_keys,
+    )
+    print_warnings(err, result.warnings)
+    out.print(aws_inventory.summary_table(result))
+    out.print(
+        f"wrote {result.hosts_yml} and {result.hostfile}: {len(result.nodes)} hosts, "
+        f"{result.total_slots} slots",
+        markup=False,
+        highlight=False,
+    )
+    return 0
+
+
+def cmd_inventory_slurm(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from .. import slurm, static  # noqa: PLC0415
+
+    written = slurm.write_inventory(
+        args.name,
+        nodelist=args.nodelist,
+        slots=args.slots,
+        ssh=static.SshOptions(args.user, args.key_file, args.known_hosts),
+        out=pathlib.Path(args.out) if args.out else None,
+        env=dict(os.environ),
+    )
+    nodes = written.nodes
+    out.print(
+        f"wrote {written.hosts_yml} ({len(nodes)} nodes, head {nodes[0]}, "
+        f"slots from {written.slots_source})"
+    )
+    out.print(f"wrote {written.hostfile} ({sum(written.slots)} slots)")
+    return 0
+
+
+def cmd_inventory_static(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from .. import static  # noqa: PLC0415
+
+    hosts_yml, hostfile, entries = static.write_inventory(
+        args.hosts,
+        head=args.head,
+        slots=args.slots,
+        name=args.name,
+        out=pathlib.Path(args.out) if args.out else None,
+        ssh=static.SshOptions(args.user, args.key_file, args.known_hosts),
+    )
+    total = sum(s for _, s in entries)
+    out.print(f"wrote {hosts_yml} ({len(entries)} hosts, head {entries[0][0]})")
+    out.print(f"wrote {hostfile} ({total} slots)")
+    return 0

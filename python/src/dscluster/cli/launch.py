@@ -1,0 +1,91 @@
+"""`dscluster launch -i INV [options] -- script.py [args...]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+
+from ..errors import DsclusterError
+from ..launch import LAUNCHERS
+from . import flags
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "launch",
+        help="run your script across the cluster (deepspeed, torchrun or mpi)",
+        description="dscluster launch -i INV [options] -- script.py [args...]",
+    )
+    flags.inventory(p)
+    flags.launcher(
+        p,
+        LAUNCHERS,
+        default="deepspeed",
+        help="deepspeed (pdsh), torchrun (c10d, one agent per node over pdsh) or mpi (mpirun)",
+    )
+    p.add_argument("--include", default="", help="DeepSpeed syntax: host1:0,1@host2")
+    p.add_argument("--exclude", default="", help="DeepSpeed syntax: host3@host1:1")
+    p.add_argument("--num-nodes", type=int, default=None, help="the first N hosts")
+    p.add_argument("--num-gpus", type=int, default=None, help="the first N slots per host")
+    flags.master_port(p)
+    flags.timeout(p, 3600)
+    p.add_argument(
+        "--no-stage",
+        action="store_true",
+        help="run an absolute path already on the nodes instead of copying the script",
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the command and launch files, run nothing"
+    )
+    flags.no_doctor(p)
+    flags.program(p)
+    p.set_defaults(func=cmd_launch)
+
+
+def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from ..doctor import preflight  # noqa: PLC0415
+    from ..inventory import load, master_port  # noqa: PLC0415
+    from ..launch import launch  # noqa: PLC0415
+
+    program = flags.after_dashes(args.program)
+    if not program:
+        raise DsclusterError("no script to run; put it after '--': dscluster launch -- train.py")
+    inv = load(args.inventory)
+    port = master_port(inv, args.master_port)
+    plan, result = launch(
+        inv,
+        launcher=args.launcher,
+        script=program[0],
+        args=program[1:],
+        stage=not args.no_stage,
+        dry_run=args.dry_run,
+        timeout=args.timeout,
+        master_port=port,
+        include=args.include,
+        exclude=args.exclude,
+        num_nodes=args.num_nodes,
+        num_gpus=args.num_gpus,
+        out=out,
+        console=err,
+        preflight=preflight(inv, master_port=port, console=err, what="launch", skip=args.no_doctor),
+    )
+    if result is None:
+        return 0
+    for line in result.log_lines:
+        out.print(line, markup=False, highlight=False)
+    if result.rc == 0:
+        err.print(f"launch {plan.run_id}: job exited 0; log {result.log_path}", highlight=False)
+        return 0
+    why = f"exited {result.rc}" + (" (cut at --timeout)" if result.rc in (124, 137) else "")
+    lost = result.lost_nodes
+    if lost:
+        who = "; ".join(f"{host}: {reason}" for host, reason in lost.items())
+        why += f", lost node(s) {', '.join(lost)} ({who})"
+    elif result.playbook.failures and not result.log_lines:
+        host, task, msg = result.playbook.failures[0]
+        why += f": {task} on {host}: {msg[:200]}"
+    line = f"launch {plan.run_id}: job {why}; log {result.log_path}"
+    print(f"dscluster: error: {line}", file=sys.stderr)
+    return result.rc

@@ -1,0 +1,56 @@
+"""`dscluster provision` (playbooks with live progress) and `dscluster hostfile`."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+from . import flags
+
+
+def register(sub) -> None:
+    prov = sub.add_parser("provision", help="run playbooks/site.yml with live progress")
+    flags.inventory(prov)
+    prov.add_argument("--playbook", default="site.yml", help="playbook under playbooks/")
+    prov.add_argument("--limit", help="Ansible host pattern to limit the run")
+    prov.add_argument("--tags", help="only plays/tasks with these tags")
+    flags.timeout(prov, None, "the run")
+    prov.add_argument(
+        "--allow-degraded",
+        action="store_true",
+        help="when some nodes fail, write the hostfile without them (recorded in "
+        "degraded.json until a provision succeeds on them) and exit 0",
+    )
+    prov.set_defaults(func=cmd_provision)
+
+    hf = sub.add_parser("hostfile", help="write the DeepSpeed hostfile and .deepspeed_env")
+    flags.inventory(hf)
+    hf.set_defaults(func=cmd_hostfile)
+
+
+def cmd_provision(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from .. import provision  # noqa: PLC0415
+
+    return provision.provision(
+        args.inventory,
+        playbook=args.playbook,
+        limit=args.limit,
+        tags=args.tags,
+        timeout=args.timeout,
+        allow_degraded=args.allow_degraded,
+        out=out,
+        err=err,
+    )
+
+
+def cmd_hostfile(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from ..hostfile import write_launch_files  # noqa: PLC0415
+    from ..inventory import load  # noqa: PLC0415
+    from ..util import print_warnings  # noqa: PLC0415
+
+    files = write_launch_files(load(args.inventory))
+    out.print(f"wrote {files.hostfile} ({files.world_size} slots on {len(files.facts)} hosts)")
+    out.print(f"wrote {files.env_file}")
+    print_warnings(err, files.warnings)
+    return 0

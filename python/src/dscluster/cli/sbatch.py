@@ -1,0 +1,75 @@
+"""`dscluster sbatch`: write a Slurm batch script for a launcher (deepspeed, torchrun, srun)."""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+
+from rich.console import Console
+
+from ..slurm import DEFAULT_VENV, MODES
+from . import flags
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "sbatch",
+        help="write a Slurm batch script for a launcher (deepspeed, torchrun, srun)",
+        description="Write a bash batch script; submit it with sbatch. "
+        "Example: dscluster sbatch --launcher torchrun --nodes 2 -- train.py --epochs 3",
+    )
+    flags.launcher(
+        p, MODES, help="how the ranks start: deepspeed, torchrun or srun", old=("--mode",)
+    )
+    p.add_argument("--nodes", type=int, help="#SBATCH --nodes")
+    flags.slots(
+        p,
+        default=None,
+        help="#SBATCH --ntasks-per-node, and ranks per node where Slurm reports no GPUs",
+    )
+    p.add_argument("--gres", help="#SBATCH --gres, e.g. gpu:4 (nothing GPU-related otherwise)")
+    p.add_argument("--partition", help="#SBATCH --partition")
+    p.add_argument("--time", help="#SBATCH --time, e.g. 30 or 1-00:00:00")
+    p.add_argument("--job-name", help="#SBATCH --job-name")
+    p.add_argument("--slurm-output", help="#SBATCH --output (Slurm's log file, e.g. slurm-%%j.out)")
+    flags.alias(p, "--output", dest="slurm_output")
+    p.add_argument("--chdir", help="#SBATCH --chdir; the job's hostfile is written there")
+    p.add_argument("--venv", help=f"the nodes' venv (default dscluster_venv or {DEFAULT_VENV})")
+    flags.master_port(p, what="rendezvous / master port")
+    flags.out(
+        p,
+        help="where to write the batch script (default dscluster-<launcher>.sbatch)",
+        old=("--script",),
+    )
+    flags.inventory(
+        p,
+        required=False,
+        help="inventories/<name>: venv/port defaults and its .deepspeed_env for the ranks",
+    )
+    p.add_argument("command", nargs="+", help="-- script.py [args...]")
+    p.set_defaults(func=cmd_sbatch)
+
+
+def cmd_sbatch(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from ..slurm import SbatchOptions, inventory_defaults, write_sbatch  # noqa: PLC0415
+
+    venv, port, env = inventory_defaults(args.inventory) if args.inventory else (None, None, {})
+    opts = SbatchOptions(
+        launcher=args.launcher,
+        command=flags.after_dashes(args.command),
+        nodes=args.nodes,
+        slots=args.slots,
+        partition=args.partition,
+        time=args.time,
+        job_name=args.job_name,
+        slurm_output=args.slurm_output,
+        chdir=args.chdir,
+        gres=args.gres,
+        venv=args.venv or venv or DEFAULT_VENV,
+        master_port=args.master_port if args.master_port is not None else port,
+        env=env,
+        origin=f"dscluster sbatch --launcher {args.launcher}",
+    )
+    path = write_sbatch(opts, pathlib.Path(args.out) if args.out else None)
+    out.print(str(path), markup=False, highlight=False)
+    return 0

@@ -1,0 +1,114 @@
+"""`dscluster smoke`: a DeepSpeed job across every slot, its tables and report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+
+from rich.console import Console
+
+from ..errors import DsclusterError
+from ..launch import LAUNCHERS
+from . import flags
+
+
+def register(sub) -> None:
+    from ..smoke import DEFAULT_STRAGGLER_FACTOR  # noqa: PLC0415
+
+    smoke = sub.add_parser("smoke", help="run a DeepSpeed job across every slot")
+    flags.inventory(smoke)
+    flags.zero(
+        smoke,
+        help="ZeRO stage(s), comma-separated: 2 (default) or 1,2,3 (one launch runs them all)",
+    )
+    flags.offload(
+        smoke,
+        default=None,
+        help="also run each stage with optimizer (and ZeRO-3 parameter) offload; nvme needs "
+        "ZeRO-3 and DeepSpeed's async_io op on every node, else it is reported skipped "
+        "(none: no offload, the default)",
+    )
+    smoke.add_argument(
+        "--ds-config",
+        type=pathlib.Path,
+        default=None,
+        help="run this DeepSpeed config (from 'dscluster dsconfig') instead of --zero/--offload, "
+        "with a checkpoint save and load in dscluster_checkpoint_dir; the loss must still fall "
+        "within --steps (write it with e.g. --lr 3e-3)",
+    )
+    smoke.add_argument("--steps", type=int, default=30)
+    flags.timeout(smoke, 600)
+    flags.as_json(smoke)
+    flags.no_doctor(smoke)
+    smoke.add_argument(
+        "--straggler-factor",
+        type=float,
+        default=DEFAULT_STRAGGLER_FACTOR,
+        help="flag a link or node slower than the median by this factor (default 2)",
+    )
+    smoke.add_argument(
+        "--fail-on-straggler", action="store_true", help="exit non-zero when a straggler is found"
+    )
+    flags.launcher(
+        smoke,
+        LAUNCHERS,
+        default="deepspeed",
+        help="deepspeed (pdsh), torchrun (c10d, one agent per node over pdsh) or mpi (mpirun)",
+    )
+    flags.master_port(smoke)
+    smoke.set_defaults(func=cmd_smoke)
+
+
+def cmd_smoke(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from ..doctor import preflight  # noqa: PLC0415
+    from ..inventory import load, master_port  # noqa: PLC0415
+    from ..smoke import bandwidth_table, config_table, link_table, rank_table, run_smoke  # noqa: PLC0415
+
+    inv = load(args.inventory)
+    port = master_port(inv, args.master_port)
+    report, path = run_smoke(
+        inv,
+        zero=args.zero,
+        offload=args.offload or "none",
+        steps=args.steps,
+        timeout=args.timeout,
+        launcher=args.launcher,
+        master_port=port,
+        straggler_factor=args.straggler_factor,
+        console=err,
+        preflight=preflight(inv, master_port=port, console=err, what="smoke", skip=args.no_doctor),
+        ds_config=args.ds_config,
+    )
+    stragglers = report.get("stragglers", [])
+    failing = bool(stragglers) and args.fail_on_straggler
+    if args.json:
+        out.print_json(json.dumps(report))
+    else:
+        out.print(rank_table(report))
+        if len(report.get("configs", [])) > 1:
+            out.print(config_table(report))
+        if (report.get("p2p") or {}).get("hosts"):
+            out.print(link_table(report))
+        out.print(bandwidth_table(report))
+    for straggler in stragglers:
+        err.print(f"warning: {straggler['message']}", markup=False, highlight=False)
+    # stdout stays one JSON document with --json
+    (err if args.json else out).print(
+        f"smoke report: {path}" + (f" and {report['png']}" if report.get("png") else ""),
+        markup=False,
+        highlight=False,
+    )
+    if failing:
+        names = sorted({n for s in stragglers for n in s["nodes"]})
+        raise DsclusterError(
+            f"{len(stragglers)} straggler(s) on {', '.join(names)} (--fail-on-straggler); "
+            f"report: {path}"
+        )
+    if not args.json:
+        out.print(
+            f"smoke test passed: {report['world_size']} ranks; report {path}",
+            markup=False,
+            highlight=False,
+        )
+    return 0
