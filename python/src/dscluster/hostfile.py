@@ -29,10 +29,10 @@ from typing import Any
 
 from .errors import DsclusterError
 from .inventory import Inventory
+from .sources.names import HOSTNAME_RE
 from .storage import inventory_paths
 from .util import atomic_write
 
-HOSTNAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # DeepSpeed's MultiNodeRunner.add_export quotes values with any other character in "...",
 # where the remote shell then expands $, `, \ and " — so those values would arrive changed.

@@ -18,15 +18,16 @@ import pytest
 import requests
 import yaml
 
-from dscluster import aws, aws_cluster, aws_inventory
 from dscluster.errors import DsclusterError
 from dscluster.inventory import load
+from dscluster.sources import aws, aws_cluster
+from dscluster.sources import ec2 as ec2_access
 
 from .. import rolefiles
 from . import aws_moto
 
 REGION = "us-east-1"
-TAG = aws.CLUSTER_TAG
+TAG = ec2_access.CLUSTER_TAG
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +73,7 @@ def ec2() -> Any:
 
 
 def session() -> Any:
-    return aws.session(None, REGION)
+    return ec2_access.session(None, REGION)
 
 
 def image(ec2: Any, pattern: str) -> str:
@@ -141,8 +142,8 @@ def no_files(out: pathlib.Path) -> None:
 
 def test_instance_types_from_describe_instance_types(ec2):
     sess = session()
-    info, warnings = aws_inventory.instance_types(
-        aws.ec2_client(sess),
+    info, warnings = aws.instance_types(
+        ec2_access.ec2_client(sess),
         ["p4d.24xlarge", "g5.12xlarge", "c5.2xlarge", "trn1.32xlarge", "dl1.24xlarge", "zz9.huge"],
     )
     assert (info["p4d.24xlarge"].accelerator, info["p4d.24xlarge"].count) == ("cuda", 8)
@@ -161,21 +162,22 @@ def test_instance_types_from_describe_instance_types(ec2):
 
 def test_ami_family_and_user(ec2):
     sess = session()
-    amis = aws_inventory.images(
-        aws.ec2_client(sess),
+    amis = aws.images(
+        ec2_access.ec2_client(sess),
         [image(ec2, "ubuntu*"), image(ec2, "amzn*"), image(ec2, "suse*"), "ami-00000000"],
     )
-    families = {aws_inventory.ami_family(i) for i in amis.values()}
+    families = {aws.ami_family(i) for i in amis.values()}
     assert families == {("ubuntu", "ubuntu"), ("amazon_linux", "ec2-user"), ("suse", "ec2-user")}
-    assert aws_inventory.ami_family(None) == ("unknown", None)
-    assert aws_inventory.ami_family({"Name": "debian-12-amd64-2024"}) == ("debian", "admin")
-    assert aws_inventory.ami_family(
-        {"Name": "Deep Learning AMI GPU PyTorch 2.3 (Amazon Linux 2023)"}
-    ) == ("amazon_linux", "ec2-user")
-    assert aws_inventory.ami_family(
+    assert aws.ami_family(None) == ("unknown", None)
+    assert aws.ami_family({"Name": "debian-12-amd64-2024"}) == ("debian", "admin")
+    assert aws.ami_family({"Name": "Deep Learning AMI GPU PyTorch 2.3 (Amazon Linux 2023)"}) == (
+        "amazon_linux",
+        "ec2-user",
+    )
+    assert aws.ami_family(
         {"Name": "RHEL-9.4.0_HVM", "PlatformDetails": "Red Hat Enterprise Linux"}
     ) == ("rhel", "ec2-user")
-    assert aws_inventory.ami_family({"Name": "Rocky-9-EC2-Base"}) == ("rocky", "rocky")
+    assert aws.ami_family({"Name": "Rocky-9-EC2-Base"}) == ("rocky", "rocky")
 
 
 # ---------------------------------------------------------------- discovery
@@ -195,12 +197,10 @@ def test_discovery_1000_instances_paginated(ec2, tmp_path):
 
     # console_keys=False: 1,050 GetConsoleOutput calls would only slow this pagination test;
     # the console path has its own test below.
-    result = aws_inventory.write_inventory(
-        session(), "demo", out_dir=tmp_path / "inv", console_keys=False
-    )
+    result = aws.write_inventory(session(), "demo", out_dir=tmp_path / "inv", console_keys=False)
     calls = aws_moto.requests("DescribeInstances")
     assert len(calls) > 1, "describe_instances was not paginated"
-    assert all(c.get("MaxResults") == [str(aws_inventory.INSTANCES_PAGE_SIZE)] for c in calls)
+    assert all(c.get("MaxResults") == [str(aws.INSTANCES_PAGE_SIZE)] for c in calls)
     assert sum("NextToken" in c for c in calls) == len(calls) - 1
     assert len(result.nodes) == 1050
     skipped = {i["InstanceId"] for i in stopped + gone}
@@ -224,7 +224,7 @@ def test_mixed_types_hosts_yml_and_hostfile(ec2, tmp_path):
     foreign = launch(ec2, "p4d.24xlarge", cluster="other")[0]
 
     out = tmp_path / "inv"
-    result = aws_inventory.write_inventory(session(), "demo", out_dir=out, cpu_slots=2)
+    result = aws.write_inventory(session(), "demo", out_dir=out, cpu_slots=2)
     inv = load(out)  # through ansible-inventory, as every later stage reads it
     head_name = f"ip-{head['PrivateIpAddress'].replace('.', '-')}"
     assert inv.head == head_name
@@ -279,7 +279,7 @@ def test_head_by_lowest_launch_index(ec2, tmp_path):
     first = launch(ec2, "c5.2xlarge", 3)  # launch indexes 0, 1, 2
     ec2.terminate_instances(InstanceIds=[first[0]["InstanceId"]])
     later = launch(ec2, "c5.2xlarge", 2)  # a later reservation: indexes 0, 1
-    nodes, _ = aws_inventory.discover(session(), "demo")
+    nodes, _ = aws.discover(session(), "demo")
     assert nodes[0].instance_id == later[0]["InstanceId"]  # index 0 beats an earlier index 1
     assert len(nodes) == 4
 
@@ -292,27 +292,27 @@ def test_head_tiebreak_is_launch_time_then_id():
         {"InstanceId": "i-c", "AmiLaunchIndex": 0, "LaunchTime": t0},
         {"InstanceId": "i-a", "AmiLaunchIndex": 1, "LaunchTime": t0},
     ]
-    assert aws_inventory.choose_head(insts, ("dscluster:role", "head"))["InstanceId"] == "i-c"
+    assert aws.choose_head(insts, ("dscluster:role", "head"))["InstanceId"] == "i-c"
     insts[0]["LaunchTime"] = t0
-    assert aws_inventory.choose_head(insts, ("dscluster:role", "head"))["InstanceId"] == "i-b"
+    assert aws.choose_head(insts, ("dscluster:role", "head"))["InstanceId"] == "i-b"
     insts[2]["Tags"] = [{"Key": "tier", "Value": "boss"}]
-    assert aws_inventory.choose_head(insts, ("tier", "boss"))["InstanceId"] == "i-a"
+    assert aws.choose_head(insts, ("tier", "boss"))["InstanceId"] == "i-a"
 
 
 def test_head_by_custom_tag_and_two_heads_refused(ec2, tmp_path):
     launch(ec2, "c5.2xlarge", 2)
     boss = launch(ec2, "c5.2xlarge", tags={"tier": "boss"})[0]
-    nodes, _ = aws_inventory.discover(session(), "demo", head_tag=("tier", "boss"))
+    nodes, _ = aws.discover(session(), "demo", head_tag=("tier", "boss"))
     assert nodes[0].instance_id == boss["InstanceId"]
     launch(ec2, "c5.2xlarge", tags={"tier": "boss"})
     with pytest.raises(DsclusterError, match="2 running instances carry the head tag tier=boss"):
-        aws_inventory.discover(session(), "demo", head_tag=("tier", "boss"))
+        aws.discover(session(), "demo", head_tag=("tier", "boss"))
 
 
 def test_duplicate_or_invalid_name_tags_fall_back_to_private_dns(ec2):
     twins = launch(ec2, "c5.2xlarge", 2, tags={"Name": "twin"})
     odd = launch(ec2, "c5.2xlarge", tags={"Name": "bad name!"})[0]
-    nodes, _ = aws_inventory.discover(session(), "demo")
+    nodes, _ = aws.discover(session(), "demo")
     names = {n.instance_id: n.name for n in nodes}
     for inst in [*twins, odd]:
         assert names[inst["InstanceId"]] == inst["PrivateDnsName"].split(".")[0]
@@ -321,9 +321,7 @@ def test_duplicate_or_invalid_name_tags_fall_back_to_private_dns(ec2):
 def test_public_addresses_and_overrides(ec2, tmp_path):
     inst = launch(ec2, "c5.2xlarge")[0]
     key = tmp_path / "k.pem"
-    nodes, _ = aws_inventory.discover(
-        session(), "demo", public=True, user="alice", key_file=str(key)
-    )
+    nodes, _ = aws.discover(session(), "demo", public=True, user="alice", key_file=str(key))
     assert nodes[0].address == inst["PublicIpAddress"] != inst["PrivateIpAddress"]
     assert (nodes[0].user, nodes[0].key_file) == ("alice", str(key))
 
@@ -331,7 +329,7 @@ def test_public_addresses_and_overrides(ec2, tmp_path):
 def test_unknown_ami_needs_user(ec2, tmp_path):
     launch(ec2, "c5.2xlarge", ami="ami-12c6146b")  # a Windows Server AMI in moto's list
     with pytest.raises(DsclusterError, match="run Windows"):
-        aws_inventory.write_inventory(session(), "demo", out_dir=tmp_path)
+        aws.write_inventory(session(), "demo", out_dir=tmp_path)
     no_files(tmp_path)
 
 
@@ -367,11 +365,11 @@ def test_console_host_keys_parsed(tmp_path):
     ed = host_key(tmp_path, "ed25519", "ed")
     ecdsa = host_key(tmp_path, "ecdsa", "ec")
     text = cloud_init_console(ecdsa, ed)
-    assert aws_inventory.console_host_keys(text) == (ecdsa, ed)
-    assert aws_inventory.console_host_keys(text + text) == (ecdsa, ed)
-    assert aws_inventory.console_host_keys("ssh-ed25519 AAAA outside any block\n") == ()
+    assert aws.console_host_keys(text) == (ecdsa, ed)
+    assert aws.console_host_keys(text + text) == (ecdsa, ed)
+    assert aws.console_host_keys("ssh-ed25519 AAAA outside any block\n") == ()
     broken = cloud_init_console("ssh-ed25519 not*base64")
-    assert aws_inventory.console_host_keys(broken) == ()
+    assert aws.console_host_keys(broken) == ()
 
 
 def test_known_hosts_pinned_from_console(ec2, tmp_path):
@@ -384,7 +382,7 @@ def test_known_hosts_pinned_from_console(ec2, tmp_path):
     stale = host_key(tmp_path, "ed25519", "old")
     known.write_text(f"{head['PrivateIpAddress']} {stale}\nelsewhere.example {stale}\n")
 
-    result = aws_inventory.write_inventory(session(), "demo", out_dir=tmp_path / "inv")
+    result = aws.write_inventory(session(), "demo", out_dir=tmp_path / "inv")
     lines = known.read_text().splitlines()
     assert f"head-0,{head['PrivateIpAddress']} {ed}" in lines
     assert f"elsewhere.example {stale}" in lines  # not ours: kept
@@ -404,7 +402,7 @@ def test_pending_instances_stop_discovery_and_count_for_up(ec2, tmp_path):
     starting = launch(ec2, "c5.2xlarge", ami=ami)[0]
     aws_moto.set_state(starting["InstanceId"], "pending", 0)
     with pytest.raises(DsclusterError) as exc:
-        aws_inventory.write_inventory(session(), "demo", out_dir=tmp_path)
+        aws.write_inventory(session(), "demo", out_dir=tmp_path)
     assert "1 instances of cluster demo" in str(exc.value) and "still pending" in str(exc.value)
     assert starting["InstanceId"] in str(exc.value)
     assert ready["InstanceId"] not in str(exc.value)
@@ -419,7 +417,7 @@ def test_pending_instances_stop_discovery_and_count_for_up(ec2, tmp_path):
 def test_no_instances_names_tag_and_region(ec2, tmp_path):
     launch(ec2, "c5.2xlarge", cluster="other")
     with pytest.raises(DsclusterError) as exc:
-        aws_inventory.write_inventory(session(), "demo", out_dir=tmp_path / "inv")
+        aws.write_inventory(session(), "demo", out_dir=tmp_path / "inv")
     assert f"{TAG}=demo" in str(exc.value) and REGION in str(exc.value)
     assert not (tmp_path / "inv").exists()
 
@@ -428,7 +426,7 @@ def test_no_credentials_one_line(monkeypatch, tmp_path):
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     with pytest.raises(DsclusterError) as exc:
-        aws_inventory.write_inventory(session(), "demo", out_dir=tmp_path / "inv")
+        aws.write_inventory(session(), "demo", out_dir=tmp_path / "inv")
     assert "no usable AWS credentials" in str(exc.value) and "aws configure" in str(exc.value)
     assert "\n" not in str(exc.value)
     assert not (tmp_path / "inv").exists()
@@ -436,19 +434,19 @@ def test_no_credentials_one_line(monkeypatch, tmp_path):
 
 def test_unknown_profile_and_no_region(monkeypatch):
     with pytest.raises(DsclusterError, match="AWS profile 'nope' is not configured"):
-        aws.session("nope", REGION)
+        ec2_access.session("nope", REGION)
     monkeypatch.delenv("AWS_DEFAULT_REGION")
     with pytest.raises(DsclusterError, match="no AWS region"):
-        aws.session(None, None)
+        ec2_access.session(None, None)
 
 
 def test_client_error_names_the_code():
     sess = session()
     with (
         pytest.raises(DsclusterError, match=r"InvalidInstanceID\.(Malformed|NotFound)"),
-        aws.aws_errors(REGION),
+        ec2_access.aws_errors(REGION),
     ):
-        aws.ec2_client(sess).describe_instances(InstanceIds=["i-0000000000"])
+        ec2_access.ec2_client(sess).describe_instances(InstanceIds=["i-0000000000"])
 
 
 # ---------------------------------------------------------------- aws up / down
@@ -479,11 +477,15 @@ def test_up_twice_then_down_removes_exactly_what_up_made(ec2):
     assert any("supports EFA but --efa was not given: plain ENI" in line for line in lines)
     instances = live(ec2, "demo")
     assert sorted(i["InstanceId"] for i in instances) == sorted(first.launched)
-    heads = [i for i in instances if aws.tag_value(i, aws.ROLE_TAG) == "head"]
+    heads = [i for i in instances if ec2_access.tag_value(i, ec2_access.ROLE_TAG) == "head"]
     assert len(heads) == 1 and heads[0]["AmiLaunchIndex"] == 0
-    assert sorted(aws.tag_value(i, "Name") for i in instances) == ["demo-0", "demo-1", "demo-2"]
+    assert sorted(ec2_access.tag_value(i, "Name") for i in instances) == [
+        "demo-0",
+        "demo-1",
+        "demo-2",
+    ]
     (sg,) = sg_named(ec2, "dscluster-demo")
-    assert aws.tag_value(sg, TAG) == "demo"
+    assert ec2_access.tag_value(sg, TAG) == "demo"
     assert all(
         [g["GroupId"] for g in i["NetworkInterfaces"][0]["Groups"]] == [sg["GroupId"]]
         for i in instances
@@ -499,7 +501,7 @@ def test_up_twice_then_down_removes_exactly_what_up_made(ec2):
 
     assert has_self(sg["IpPermissions"]) and has_self(sg["IpPermissionsEgress"])
     pgs = ec2.describe_placement_groups(GroupNames=["dscluster-demo"])["PlacementGroups"]
-    assert pgs[0]["Strategy"] == "cluster" and aws.tag_value(pgs[0], TAG) == "demo"
+    assert pgs[0]["Strategy"] == "cluster" and ec2_access.tag_value(pgs[0], TAG) == "demo"
     (run,) = aws_moto.requests("RunInstances")
     assert run["Placement.GroupName"] == ["dscluster-demo"]
     assert "NetworkInterface.1.InterfaceType" not in run
@@ -526,8 +528,8 @@ def test_up_twice_then_down_removes_exactly_what_up_made(ec2):
     assert len(third.launched) == 1 and third.created == [f"instance {third.launched[0]}"]
     now = live(ec2, "demo")
     assert len(now) == 3
-    assert sum(aws.tag_value(i, aws.ROLE_TAG) == "head" for i in now) == 1
-    assert sorted(aws.tag_value(i, "Name") for i in now) == ["demo-0", "demo-1", "demo-2"]
+    assert sum(ec2_access.tag_value(i, ec2_access.ROLE_TAG) == "head" for i in now) == 1
+    assert sorted(ec2_access.tag_value(i, "Name") for i in now) == ["demo-0", "demo-1", "demo-2"]
 
     removed = aws_cluster.down(session(), "demo", say=lines.append)
     assert len(removed) == 3 + 2

@@ -18,10 +18,11 @@ import pytest
 import yaml
 from rich.console import Console
 
-from dscluster import cli, inventory, slurm
+from dscluster import cli, inventory, sbatch
 from dscluster.cli import flags
 from dscluster.errors import DsclusterError
 from dscluster.inventory import load
+from dscluster.sources import slurm
 
 DS_HOSTFILE_RE = re.compile(r"^(\S+)\s+slots=(\d+)")  # DeepSpeed's runner._parse_hostfile
 
@@ -755,7 +756,7 @@ def test_sbatch_launcher_is_one_of_its_choices(tmp_path, capsys, flag):
     assert exit_.value.code == 2
     assert "required: --launcher" in capsys.readouterr().err
     with pytest.raises(DsclusterError, match="--launcher 'mpirun' is not a launch mode"):
-        slurm.render_sbatch(slurm.SbatchOptions(launcher="mpirun", command=["job.py"]))
+        sbatch.render_sbatch(sbatch.SbatchOptions(launcher="mpirun", command=["job.py"]))
 
 
 def test_sbatch_old_spellings_write_the_same_script(tmp_path):
@@ -789,7 +790,7 @@ def test_sbatch_bad_inventory_env_is_one_line(tmp_path):
 
 
 def test_render_sbatch_is_pure_and_quotes():
-    opts = slurm.SbatchOptions(launcher="torchrun", command=["t.py", "a b", "$(rm -rf /)"])
-    text = slurm.render_sbatch(opts)
+    opts = sbatch.SbatchOptions(launcher="torchrun", command=["t.py", "a b", "$(rm -rf /)"])
+    text = sbatch.render_sbatch(opts)
     assert "t.py 'a b' '$(rm -rf /)'" in text
-    assert f"VENV={slurm.DEFAULT_VENV}" in text and f"PORT={inventory.DEFAULT_MASTER_PORT}" in text
+    assert f"VENV={sbatch.DEFAULT_VENV}" in text and f"PORT={inventory.DEFAULT_MASTER_PORT}" in text

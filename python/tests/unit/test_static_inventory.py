@@ -7,9 +7,9 @@ import re
 import pytest
 import yaml
 
-from dscluster import static
 from dscluster.errors import DsclusterError
 from dscluster.inventory import load
+from dscluster.sources import static
 
 from .test_slurm import DS_HOSTFILE_RE, one_line_error, run_cli
 

@@ -43,10 +43,10 @@ def _say(out: Console):
 
 
 def cmd_aws_up(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from .. import aws, aws_cluster  # noqa: PLC0415
+    from ..sources import aws_cluster, ec2  # noqa: PLC0415
 
-    aws.check_cluster_name(args.cluster)
-    sess = aws.session(args.profile, args.region)
+    ec2.check_cluster_name(args.cluster)
+    sess = ec2.session(args.profile, args.region)
     result = aws_cluster.up(
         sess,
         args.cluster,
@@ -65,10 +65,10 @@ def cmd_aws_up(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def cmd_aws_down(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from .. import aws, aws_cluster  # noqa: PLC0415
+    from ..sources import aws_cluster, ec2  # noqa: PLC0415
 
-    aws.check_cluster_name(args.cluster)
-    sess = aws.session(args.profile, args.region)
+    ec2.check_cluster_name(args.cluster)
+    sess = ec2.session(args.profile, args.region)
     removed = aws_cluster.down(sess, args.cluster, wait_s=args.wait, say=_say(out))
     out.print(
         f"aws cluster '{args.cluster}': removed {len(removed)} objects"

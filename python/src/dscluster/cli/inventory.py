@@ -30,7 +30,7 @@ def _key_value(text: str) -> tuple[str, str]:
 
 def aws_common(p: argparse.ArgumentParser) -> None:
     """--cluster, --region, --profile: every command that talks to EC2."""
-    from ..aws import CLUSTER_TAG  # noqa: PLC0415
+    from ..sources.ec2 import CLUSTER_TAG  # noqa: PLC0415
 
     p.add_argument("--cluster", required=True, help=f"value of the tag {CLUSTER_TAG}")
     p.add_argument("--region", help="AWS region (default: the profile's or AWS_DEFAULT_REGION)")
@@ -38,7 +38,7 @@ def aws_common(p: argparse.ArgumentParser) -> None:
 
 
 def _aws(isub) -> None:
-    from ..aws import HEAD_ROLE, ROLE_TAG  # noqa: PLC0415
+    from ..sources.ec2 import HEAD_ROLE, ROLE_TAG  # noqa: PLC0415
 
     p = isub.add_parser(
         "aws",
@@ -96,12 +96,12 @@ def _static(isub) -> None:
 
 
 def cmd_inventory_aws(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from .. import aws, aws_inventory  # noqa: PLC0415
+    from ..sources import aws, ec2  # noqa: PLC0415
     from ..util import print_warnings  # noqa: PLC0415
 
-    aws.check_cluster_name(args.cluster)
-    sess = aws.session(args.profile, args.region)
-    result = aws_inventory.write_inventory(
+    ec2.check_cluster_name(args.cluster)
+    sess = ec2.session(args.profile, args.region)
+    result = aws.write_inventory(
         sess,
         args.cluster,
         out_dir=args.out,
@@ -113,7 +113,7 @@ def cmd_inventory_aws(args: argparse.Namespace, out: Console, err: Console) -> i
         console_keys=args.console_keys,
     )
     print_warnings(err, result.warnings)
-    out.print(aws_inventory.summary_table(result))
+    out.print(aws.summary_table(result))
     out.print(
         f"wrote {result.hosts_yml} and {result.hostfile}: {len(result.nodes)} hosts, "
         f"{result.total_slots} slots",
@@ -124,7 +124,7 @@ def cmd_inventory_aws(args: argparse.Namespace, out: Console, err: Console) -> i
 
 
 def cmd_inventory_slurm(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from .. import slurm, static  # noqa: PLC0415
+    from ..sources import slurm, static  # noqa: PLC0415
 
     written = slurm.write_inventory(
         args.name,
@@ -144,7 +144,7 @@ def cmd_inventory_slurm(args: argparse.Namespace, out: Console, err: Console) ->
 
 
 def cmd_inventory_static(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from .. import static  # noqa: PLC0415
+    from ..sources import static  # noqa: PLC0415
 
     hosts_yml, hostfile, entries = static.write_inventory(
         args.hosts,

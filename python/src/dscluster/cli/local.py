@@ -28,7 +28,7 @@ def register(sub) -> None:
 
 
 def cmd_local_up(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from .. import local  # noqa: PLC0415
+    from ..sources import local  # noqa: PLC0415
 
     path = local.up(
         args.name, args.nodes, cpu_slots=args.slots, shm_size=args.shm_size, console=err
@@ -38,7 +38,7 @@ def cmd_local_up(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def cmd_local_down(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from .. import local  # noqa: PLC0415
+    from ..sources import local  # noqa: PLC0415
 
     removed = local.down(args.name, console=err)
     out.print(f"local cluster '{args.name}': removed {len(removed)} objects")
@@ -46,7 +46,7 @@ def cmd_local_down(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def cmd_image(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from .. import local  # noqa: PLC0415
+    from ..sources import local  # noqa: PLC0415
 
     local.ensure_engine()
     out.print(local.node_image(args.base, console=err))

@@ -7,7 +7,7 @@ import pathlib
 
 from rich.console import Console
 
-from ..slurm import DEFAULT_VENV, MODES
+from ..sbatch import DEFAULT_VENV, MODES
 from . import flags
 
 
@@ -51,7 +51,7 @@ def register(sub) -> None:
 
 
 def cmd_sbatch(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from ..slurm import SbatchOptions, inventory_defaults, write_sbatch  # noqa: PLC0415
+    from ..sbatch import SbatchOptions, inventory_defaults, write_sbatch  # noqa: PLC0415
 
     venv, port, env = inventory_defaults(args.inventory) if args.inventory else (None, None, {})
     opts = SbatchOptions(

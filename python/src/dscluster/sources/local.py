@@ -13,19 +13,19 @@ import dataclasses
 import hashlib
 import json
 import pathlib
-import re
 import shutil
 import time
 
 from rich.console import Console
 
-from . import paths
-from .errors import DsclusterError
-from .inventory import write_hosts_yml
-from .paths import state_dir
-from .util import atomic_write, run
+from .. import paths
+from ..errors import DsclusterError
+from ..paths import state_dir
+from ..util import atomic_write, run
+from .cluster import Cluster, write
+from .cluster import Node as ClusterNode
+from .names import check_cluster_name
 
-NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 LABEL = "dscluster.cluster"
 SHARED_PATH = "/shared"
 RUN_FLAGS = [
@@ -45,14 +45,6 @@ class Node:
     container: str
     address: str
     host_key: str
-
-
-def check_name(name: str) -> None:
-    if not NAME_RE.match(name):
-        raise DsclusterError(
-            f"cluster name {name!r} is not usable; use lowercase letters, digits and '-', "
-            "starting with a letter, at most 31 characters"
-        )
 
 
 def docker(*args: str, check: bool = True, timeout: float = 120) -> str:
@@ -159,7 +151,7 @@ def up(
     console: Console | None = None,
 ) -> pathlib.Path:
     """Create or reconcile the cluster; returns the path of its hosts.yml."""
-    check_name(name)
+    check_cluster_name(name)
     if nodes < 1 or nodes > 64:
         raise DsclusterError(f"--nodes {nodes} is out of range; use 1 to 64")
     if cpu_slots < 1:
@@ -214,12 +206,13 @@ def up(
     )
     for node in result:
         _wait_ssh(node, key, known_hosts)
-    return _write_inventory(
+    cluster = describe(
         name, nodes=result, key=key, known_hosts=known_hosts, cpu_slots=cpu_slots, sdir=sdir
     )
+    return write(cluster, inventory_dir(name)).hosts_yml
 
 
-def _write_inventory(
+def describe(
     name: str,
     *,
     nodes: list[Node],
@@ -227,40 +220,40 @@ def _write_inventory(
     known_hosts: pathlib.Path,
     cpu_slots: int,
     sdir: pathlib.Path,
-) -> pathlib.Path:
-    data = {
-        "all": {
-            "vars": {
-                "dscluster_cluster_name": name,
-                "dscluster_state_dir": str(sdir),
-                "dscluster_training_user": "ds",
-                "dscluster_shared_dir": SHARED_PATH,
-                "dscluster_shared_storage": "external",
-                "dscluster_cpu_slots": cpu_slots,
-                "ansible_user": "root",
-                "ansible_ssh_private_key_file": str(key),
-                "ansible_ssh_common_args": (
-                    f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes"
-                ),
-            },
-            "children": {
-                "head": {"hosts": {nodes[0].name: {"ansible_host": nodes[0].address}}},
-                "workers": {"hosts": {n.name: {"ansible_host": n.address} for n in nodes[1:]}},
-            },
-        }
-    }
-    header = (
-        "---\n"
-        f"# Written by `dscluster local up --name {name} --nodes {len(nodes)}`: a local cluster\n"
-        f"# of node containers on Docker network dsc-{name}. Host keys were read from each\n"
-        f"# container over `docker exec` into {known_hosts}.\n"
+) -> Cluster:
+    """The local cluster as its inventory describes it (no hostfile: provision writes it
+    from the slots the nodes report)."""
+    return Cluster(
+        name=name,
+        nodes=[ClusterNode(n.name, cpu_slots, {"ansible_host": n.address}) for n in nodes],
+        vars={
+            "dscluster_cluster_name": name,
+            "dscluster_state_dir": str(sdir),
+            "dscluster_training_user": "ds",
+            "dscluster_shared_dir": SHARED_PATH,
+            "dscluster_shared_storage": "external",
+            "dscluster_cpu_slots": cpu_slots,
+            "ansible_user": "root",
+            "ansible_ssh_private_key_file": str(key),
+            "ansible_ssh_common_args": (
+                f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes"
+            ),
+        },
+        header=(
+            "---\n"
+            f"# Written by `dscluster local up --name {name} --nodes {len(nodes)}`: a local "
+            "cluster\n"
+            f"# of node containers on Docker network dsc-{name}. Host keys were read from each\n"
+            f"# container over `docker exec` into {known_hosts}.\n"
+        ),
+        hostfile=False,
+        known_hosts=known_hosts,
     )
-    return write_hosts_yml(inventory_dir(name), data, header)
 
 
 def down(name: str, console: Console | None = None) -> list[str]:
     """Remove the cluster's containers, network, volume, inventory and state; returns what went."""
-    check_name(name)
+    check_cluster_name(name)
     console = console or Console(stderr=True)
     ensure_engine()
     removed = []

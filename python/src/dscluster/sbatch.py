@@ -1,12 +1,4 @@
-"""Slurm: an inventory from an allocation, and batch scripts for every launch mode.
-
-`dscluster inventory slurm` runs inside an allocation (salloc / sbatch) or takes --nodelist:
-the node list (`gpu-[001-004,010],cpu7`) is expanded with python-hostlist (Slurm's own
-`scontrol show hostnames` where python-hostlist refuses a list, or where no list is given
-but scontrol is there), slots per node come from what Slurm says about the allocation, and
-`inventories/<name>/hosts.yml` + `hostfile` are written, head = the first node.
-
-`dscluster sbatch` writes a bash batch script that derives everything from the allocation it
+"""`dscluster sbatch`: a bash batch script that derives everything from the allocation it
 runs in (nodes, head, slots per node, job id) and starts the user's script with one of three
 launchers (`--launcher`; works with Debian's slurm-wlm 22.05 and CPU-only clusters; nothing
 assumes GPUs):
@@ -18,8 +10,7 @@ assumes GPUs):
 - `srun`: one Slurm task per slot; each exports RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/
   MASTER_PORT from Slurm's own ids (MPI-style ranks) before exec'ing Python.
 
-The pure parts (`expand_nodelist`, `parse_cpus_per_node`, `slots_from_env`, `render_sbatch`)
-do no I/O, so tests and scripts/bench_nodelist.py call them directly.
+`render_sbatch` is pure; `write_sbatch` writes the script atomically.
 """
 
 from __future__ import annotations
@@ -28,14 +19,8 @@ import dataclasses
 import pathlib
 import re
 import shlex
-import shutil
-import subprocess
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping
 
-import hostlist
-
-from . import static
 from .errors import DsclusterError
 from .hostfile import SYSTEM_PATH, check_env_value, parse_env_file, render_env
 from .inventory import DEFAULT_MASTER_PORT, master_port_var, plain_var
@@ -43,8 +28,6 @@ from .util import atomic_write
 
 MODES = ("deepspeed", "torchrun", "srun")
 DEFAULT_VENV = "/opt/dscluster/venv"
-# One item of SLURM_JOB_CPUS_PER_NODE / SLURM_TASKS_PER_NODE: `72`, or `36(x2)` (two nodes).
-CPUS_ITEM_RE = re.compile(r"^(?P<count>[0-9]+)(?:\(x(?P<repeat>[0-9]+)\))?$")
 # Slurm's --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or unlimited.
 TIME_RE = re.compile(
     r"^(?:[0-9]+(?::[0-9]{1,2}){0,2}|[0-9]+-[0-9]{1,2}(?::[0-9]{1,2}){0,2}|unlimited|infinite)$",
@@ -52,227 +35,6 @@ TIME_RE = re.compile(
 )
 # #SBATCH values and the job script's own paths: no blanks, quotes or shell specials.
 SBATCH_VALUE_RE = re.compile(r"^[A-Za-z0-9_@%+=:,./~%-]+$")
-POSINT_RE = re.compile(r"^[0-9]+$")
-
-
-# ---- Node lists and slots (pure) ---------------------------------------------------------
-
-
-def expand_nodelist(nodelist: str) -> list[str]:
-    """Slurm's compressed node list -> host names, in Slurm's order, with python-hostlist.
-
-    `gpu-[001-004,010],cpu7` -> gpu-001 … gpu-004, gpu-010, cpu7. A repeated node is an error
-    (Slurm never lists one twice; a hand-written --nodelist might).
-    """
-    text = (nodelist or "").strip()
-    if not text:
-        raise DsclusterError(
-            "the node list is empty; run inside an allocation (salloc/sbatch) or pass --nodelist"
-        )
-    try:
-        nodes = list(hostlist.expand_hostlist(text, allow_duplicates=True))
-    except hostlist.BadHostlist as exc:
-        raise DsclusterError(
-            f"cannot expand node list {text!r} ({exc}); pass it as Slurm prints it, "
-            "e.g. gpu-[001-004,010],cpu7"
-        ) from exc
-    if len(set(nodes)) != len(nodes):
-        seen: set[str] = set()
-        for node in nodes:
-            if node in seen:
-                raise DsclusterError(
-                    f"node {node} appears twice in node list {text!r}; list it once"
-                )
-            seen.add(node)
-    return nodes
-
-
-def parse_cpus_per_node(value: str) -> list[int]:
-    """Slurm's per-node count format (SLURM_JOB_CPUS_PER_NODE): `2(x3),1` -> [2, 2, 2, 1]."""
-    counts: list[int] = []
-    for item in (value or "").split(","):
-        m = CPUS_ITEM_RE.match(item.strip())
-        if not m:
-            raise DsclusterError(
-                f"cannot read per-node counts {value!r}: {item!r} is not N or N(xM); "
-                "pass --slots instead"
-            )
-        counts.extend([int(m["count"])] * int(m["repeat"] or 1))
-    return counts
-
-
-def gpu_count(value: str) -> int:
-    """GPUs in SLURM_GPUS_PER_NODE / gres form: `4`, `a100:4`, `gpu:a100:4`, `a100:2,v100:2`."""
-    total = 0
-    for item in value.split(","):
-        # gres may carry an index suffix: gpu:a100:4(IDX:0-3)
-        last = item.split("(")[0].strip().split(":")[-1]
-        if not POSINT_RE.match(last):
-            raise DsclusterError(f"cannot read a GPU count from {value!r}; pass --slots instead")
-        total += int(last)
-    return total
-
-
-def _positive(env: Mapping[str, str], key: str) -> int | None:
-    value = env.get(key, "").strip()
-    return int(value) if POSINT_RE.match(value) and int(value) > 0 else None
-
-
-def slots_and_source(env: Mapping[str, str], nodes: Sequence[str]) -> tuple[list[int], str]:
-    """Slots per node from Slurm's environment, and the variable they came from.
-
-    GPUs first (SLURM_GPUS_ON_NODE, SLURM_JOB_GPUS, SLURM_GPUS_PER_NODE), then tasks per
-    node, then CPUs per node (SLURM_JOB_CPUS_PER_NODE, heterogeneous where Slurm says so),
-    else one slot per node.
-    """
-    count = len(nodes)
-    if n := _positive(env, "SLURM_GPUS_ON_NODE"):
-        return [n] * count, "SLURM_GPUS_ON_NODE"
-    job_gpus = env.get("SLURM_JOB_GPUS", "").strip()
-    if job_gpus:
-        ids = [g for g in job_gpus.split(",") if g.strip()]
-        if ids:
-            return [len(ids)] * count, "SLURM_JOB_GPUS"
-    per_node = env.get("SLURM_GPUS_PER_NODE", "").strip()
-    if per_node and (n := gpu_count(per_node)) > 0:
-        return [n] * count, "SLURM_GPUS_PER_NODE"
-    if n := _positive(env, "SLURM_NTASKS_PER_NODE"):
-        return [n] * count, "SLURM_NTASKS_PER_NODE"
-    cpus = env.get("SLURM_JOB_CPUS_PER_NODE", "").strip()
-    if cpus:
-        per = parse_cpus_per_node(cpus)
-        if len(per) != count:
-            raise DsclusterError(
-                f"SLURM_JOB_CPUS_PER_NODE={cpus} describes {len(per)} nodes but the node list "
-                f"has {count}; pass --slots N"
-            )
-        if min(per) < 1:
-            raise DsclusterError(
-                f"SLURM_JOB_CPUS_PER_NODE={cpus} gives a node 0 CPUs; pass --slots"
-            )
-        return per, "SLURM_JOB_CPUS_PER_NODE"
-    return [1] * count, "default"
-
-
-def slots_from_env(env: Mapping[str, str], nodes: Sequence[str]) -> list[int]:
-    """Slots per node (one entry per node, in order); see slots_and_source."""
-    return slots_and_source(env, nodes)[0]
-
-
-def nodelist_from_env(env: Mapping[str, str]) -> str | None:
-    return env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or None
-
-
-# ---- dscluster inventory slurm -----------------------------------------------------------
-
-
-def scontrol_hostnames(nodelist: str | None) -> list[str]:
-    """Slurm's own expansion (`scontrol show hostnames`), where scontrol is installed."""
-    scontrol = shutil.which("scontrol")
-    if not scontrol:
-        raise DsclusterError("scontrol is not installed")
-    argv = [scontrol, "show", "hostnames", *([nodelist] if nodelist else [])]
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise DsclusterError(f"'scontrol show hostnames' failed: {exc}") from exc
-    hosts = proc.stdout.split()
-    if proc.returncode != 0 or not hosts:
-        last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-        raise DsclusterError(f"'scontrol show hostnames' failed: {last}")
-    return hosts
-
-
-def discover_nodes(nodelist: str | None, env: Mapping[str, str]) -> list[str]:
-    """--nodelist, else SLURM_JOB_NODELIST/SLURM_NODELIST, else `scontrol show hostnames`."""
-    text = nodelist or nodelist_from_env(env)
-    if text:
-        try:
-            return expand_nodelist(text)
-        except DsclusterError:
-            if not shutil.which("scontrol"):
-                raise
-            nodes = scontrol_hostnames(text)  # Slurm's own parser has the last word
-            static.check_hosts([(n, 1) for n in nodes])
-            return nodes
-    if shutil.which("scontrol"):
-        try:
-            return scontrol_hostnames(None)
-        except DsclusterError:
-            pass
-    raise DsclusterError(
-        "no Slurm node list: run inside an allocation (salloc or sbatch) or pass "
-        "--nodelist 'gpu-[001-004]'"
-    )
-
-
-def slurm_spec(
-    name: str,
-    *,
-    nodes: list[str],
-    slots: list[int],
-    source: str,
-    env: Mapping[str, str],
-    ssh: Mapping[str, Any],
-) -> static.ClusterSpec:
-    all_vars: dict[str, Any] = {}
-    job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
-    if job_id:
-        all_vars["dscluster_slurm_job_id"] = str(job_id)
-    all_vars.update(ssh)
-    return static.ClusterSpec(
-        name=name,
-        source="slurm",
-        entries=list(zip(nodes, slots, strict=True)),
-        all_vars=all_vars,
-        # GPU counts are detected on the nodes; CPU slot counts must be configured.
-        cpu_slots="GPU" not in source,
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class WrittenInventory:
-    hosts_yml: pathlib.Path
-    hostfile: pathlib.Path
-    nodes: list[str]
-    slots: list[int]
-    slots_source: str  # what the slot counts came from (--slots, SLURM_JOB_GPUS...)
-
-
-def write_inventory(
-    name: str,
-    *,
-    nodelist: str | None,
-    slots: int | None,
-    ssh: static.SshOptions,
-    out: pathlib.Path | None,
-    env: Mapping[str, str],
-) -> WrittenInventory:
-    """`dscluster inventory slurm`: the allocation's (or `nodelist`'s) nodes, written."""
-    static.check_name(name)
-    if slots is not None and slots < 1:
-        raise DsclusterError(f"--slots {slots} is out of range; use 1 or more")
-    nodes = discover_nodes(nodelist, env)
-    if slots is not None:
-        counts, source = [slots] * len(nodes), "--slots"
-    else:
-        counts, source = slots_and_source(env, nodes)
-    spec = slurm_spec(name, nodes=nodes, slots=counts, source=source, env=env, ssh=ssh.vars())
-    target = out or static.default_out(name)
-    job = spec.all_vars.get("dscluster_slurm_job_id")
-    header = (
-        "---\n"
-        f"# Written by `dscluster inventory slurm`{f' in Slurm job {job}' if job else ''}: "
-        f"{len(nodes)} nodes\n"
-        f"# ({hostlist.collect_hostlist(nodes)}), head {nodes[0]}; slots from {source}.\n"
-        "# Host keys are checked (StrictHostKeyChecking=yes): the nodes of a Slurm site usually\n"
-        "# know each other already; --known-hosts FILE points UserKnownHostsFile at a file.\n"
-    )
-    hosts_yml, hostfile = static.write_cluster(spec, target, header)
-    return WrittenInventory(hosts_yml, hostfile, nodes, counts, source)
-
-
-# ---- dscluster sbatch --------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)

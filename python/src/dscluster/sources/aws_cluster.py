@@ -14,7 +14,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .aws import (
+from ..errors import DsclusterError
+from .aws import instance_types
+from .ec2 import (
     CLUSTER_TAG,
     HEAD_ROLE,
     ROLE_TAG,
@@ -23,8 +25,6 @@ from .aws import (
     ec2_client,
     tag_value,
 )
-from .aws_inventory import instance_types
-from .errors import DsclusterError
 
 LIVE_STATES = ["pending", "running"]
 NOT_GONE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]

@@ -1,21 +1,22 @@
-"""AWS EC2: what `dscluster inventory aws` and `dscluster aws up/down` share (cli/ wires them).
+"""EC2 access that `dscluster inventory aws` (aws.py) and `aws up/down` (aws_cluster.py) share.
 
 Everything talks to EC2 through boto3 and only boto3: credentials come from boto3's own chain
 (profile, environment, SSO, instance role) and are never written anywhere; the endpoint comes
 from boto3 too (`AWS_ENDPOINT_URL`, honoured by botocore itself). Every AWS failure a user can
 fix becomes one DsclusterError line: no credentials, no region, an AWS error code.
 
-Discovery lives in aws_inventory.py, cluster creation and removal in aws_cluster.py.
+Discovery lives in aws.py, cluster creation and removal in aws_cluster.py; both import this
+module and nothing imports them back.
 """
 
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Iterator
 from typing import Any
 
-from .errors import DsclusterError
+from ..errors import DsclusterError
+from .names import check_cluster_name
 
 CLUSTER_TAG = "dscluster:cluster"
 ROLE_TAG = "dscluster:role"
@@ -115,12 +116,15 @@ def cluster_filter(cluster: str) -> dict[str, Any]:
     return {"Name": f"tag:{CLUSTER_TAG}", "Values": [cluster]}
 
 
-_CLUSTER_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
-
-
-def check_cluster_name(name: str) -> None:
-    if not _CLUSTER_RE.match(name):
-        raise DsclusterError(
-            f"cluster name {name!r} is not usable; use lowercase letters, digits and '-', "
-            "starting with a letter, at most 31 characters"
-        )
+__all__ = [
+    "CLUSTER_TAG",
+    "HEAD_ROLE",
+    "ROLE_TAG",
+    "aws_errors",
+    "check_cluster_name",
+    "cluster_filter",
+    "ec2_client",
+    "one_line",
+    "session",
+    "tag_value",
+]

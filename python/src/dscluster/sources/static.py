@@ -16,7 +16,7 @@ Host keys are always checked: ansible_ssh_common_args carries `StrictHostKeyChec
 and `--known-hosts FILE` points `UserKnownHostsFile` at a known_hosts you trust for these
 machines (your admin's); nothing here scans or trusts keys on first use.
 
-This module also holds the inventory writer the Slurm source shares (`write_cluster`).
+`ClusterSpec` (a host list with slots) and `describe` are shared with the Slurm source.
 """
 
 from __future__ import annotations
@@ -29,13 +29,12 @@ from typing import Any
 
 import hostlist
 
-from .errors import DsclusterError
-from .hostfile import render_hostfile
-from .inventory import write_hosts_yml
-from .paths import inventory_dir
-from .util import atomic_write
+from ..errors import DsclusterError
+from ..hostfile import render_hostfile
+from ..paths import inventory_dir
+from .cluster import Cluster, Node, write
+from .names import check_inventory_name
 
-NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 SLOTS_SUFFIX_RE = re.compile(r"^(?P<hosts>.+):(?P<slots>[0-9]+)$")
 
 
@@ -50,14 +49,6 @@ class ClusterSpec:
     # Also write dscluster_cpu_slots per host (slots that are not a GPU count).
     cpu_slots: bool = False
     ansible_host: bool = False  # write ansible_host: <name> per host
-
-
-def check_name(name: str) -> None:
-    if not NAME_RE.match(name):
-        raise DsclusterError(
-            f"inventory name {name!r} is not usable; use lowercase letters, digits, '-' and '_', "
-            "starting with a letter"
-        )
 
 
 def check_hosts(entries: Sequence[tuple[str, int]]) -> None:
@@ -167,8 +158,8 @@ def ssh_vars(
     return result
 
 
-def inventory_data(spec: ClusterSpec) -> dict[str, Any]:
-    """The hosts.yml mapping: all.vars, head (one host), workers (the rest)."""
+def describe(spec: ClusterSpec, header: str = "") -> Cluster:
+    """The cluster description: all.vars, head (one host), workers (the rest)."""
 
     def host_vars(host: str, slots: int) -> dict[str, Any]:
         hv: dict[str, Any] = {}
@@ -180,35 +171,25 @@ def inventory_data(spec: ClusterSpec) -> dict[str, Any]:
         return hv
 
     check_hosts(spec.entries)
-    (head, head_slots), rest = spec.entries[0], spec.entries[1:]
-    all_vars = {
-        "dscluster_cluster_name": spec.name,
-        "dscluster_source": spec.source,
-        **spec.all_vars,
-    }
-    return {
-        "all": {
-            "vars": all_vars,
-            "children": {
-                "head": {"hosts": {head: host_vars(head, head_slots)}},
-                "workers": {"hosts": {h: host_vars(h, s) for h, s in rest}},
-            },
-        }
-    }
+    return Cluster(
+        name=spec.name,
+        nodes=[Node(h, s, host_vars(h, s)) for h, s in spec.entries],
+        vars={
+            "dscluster_cluster_name": spec.name,
+            "dscluster_source": spec.source,
+            **spec.all_vars,
+        },
+        header=header,
+    )
+
+
+def inventory_data(spec: ClusterSpec) -> dict[str, Any]:
+    """The hosts.yml mapping: all.vars, head (one host), workers (the rest)."""
+    return describe(spec).data()
 
 
 def default_out(name: str) -> pathlib.Path:
     return inventory_dir(name)
-
-
-def write_cluster(spec: ClusterSpec, out: pathlib.Path, header: str) -> tuple[pathlib.Path, ...]:
-    """Render hosts.yml and hostfile, then write both atomically (nothing on any error)."""
-    data = inventory_data(spec)
-    hostfile_text = render_hostfile(spec.entries)
-    hosts_yml = write_hosts_yml(out, data, header)
-    hostfile = out / "hostfile"
-    atomic_write(hostfile, hostfile_text)
-    return hosts_yml, hostfile
 
 
 def write_inventory(
@@ -221,7 +202,7 @@ def write_inventory(
     ssh: SshOptions,
 ) -> tuple[pathlib.Path, pathlib.Path, list[tuple[str, int]]]:
     """`dscluster inventory static`: (hosts.yml, hostfile, [(host, slots)], head first)."""
-    check_name(name)
+    check_inventory_name(name)
     entries = order_head(parse_hosts(hosts, slots), head)
     spec = ClusterSpec(
         name=name,
@@ -239,5 +220,6 @@ def write_inventory(
         "# Host keys are checked (StrictHostKeyChecking=yes): the controller's known_hosts (or\n"
         "# --known-hosts FILE) must already hold them.\n"
     )
-    hosts_yml, hostfile = write_cluster(spec, target, header)
-    return hosts_yml, hostfile, entries
+    written = write(describe(spec, header), target)
+    assert written.hostfile is not None
+    return written.hosts_yml, written.hostfile, entries

@@ -32,12 +32,12 @@ from typing import Any
 
 from rich.table import Table
 
-from .aws import CLUSTER_TAG, ROLE_TAG, aws_errors, cluster_filter, ec2_client, tag_value
-from .errors import DsclusterError
-from .hostfile import HOSTNAME_RE, render_hostfile
-from .inventory import write_hosts_yml
-from .paths import inventory_dir, state_dir
-from .util import atomic_write
+from ..errors import DsclusterError
+from ..paths import inventory_dir, state_dir
+from .cluster import Cluster, write
+from .cluster import Node as ClusterNode
+from .ec2 import CLUSTER_TAG, ROLE_TAG, aws_errors, cluster_filter, ec2_client, tag_value
+from .names import HOSTNAME_RE
 
 # DescribeInstances takes MaxResults 5..1000; 200 keeps each response small and is one page per
 # 200 instances on AWS (moto pages by reservation).
@@ -487,14 +487,11 @@ def _host_vars(node: Node) -> dict[str, Any]:
     }
 
 
-def inventory_data(
+def describe(
     cluster: str, region: str, nodes: list[Node], cpu_slots: int, known_hosts: pathlib.Path
-) -> dict[str, Any]:
-    """The hosts.yml document: head/workers with host vars, one group per AMI family."""
-    children: dict[str, Any] = {
-        "head": {"hosts": {nodes[0].name: _host_vars(nodes[0])}},
-        "workers": {"hosts": {n.name: _host_vars(n) for n in nodes[1:]}},
-    }
+) -> Cluster:
+    """The cluster: head/workers with host vars, one group per AMI family (user, key)."""
+    groups: dict[str, Any] = {}
     for family in sorted({n.family for n in nodes}):
         members = [n for n in nodes if n.family == family]
         users = {n.user for n in members}
@@ -512,22 +509,44 @@ def inventory_data(
             if "ansible_ssh_private_key_file" not in group_vars and n.key_file:
                 own["ansible_ssh_private_key_file"] = n.key_file
             hosts[n.name] = own or None
-        children[f"aws_ami_{family}"] = {"vars": group_vars, "hosts": hosts}
-    return {
-        "all": {
-            "vars": {
-                "dscluster_cluster_name": cluster,
-                "dscluster_source": "aws",
-                "dscluster_aws_region": region,
-                "dscluster_cpu_slots": cpu_slots,
-                "ansible_ssh_common_args": (
-                    "-o ConnectTimeout=15 -o StrictHostKeyChecking=accept-new "
-                    f"-o UserKnownHostsFile={known_hosts}"
-                ),
-            },
-            "children": children,
-        }
-    }
+        groups[f"aws_ami_{family}"] = {"vars": group_vars, "hosts": hosts}
+    return Cluster(
+        name=cluster,
+        nodes=[ClusterNode(n.name, n.slots, _host_vars(n)) for n in nodes],
+        vars={
+            "dscluster_cluster_name": cluster,
+            "dscluster_source": "aws",
+            "dscluster_aws_region": region,
+            "dscluster_cpu_slots": cpu_slots,
+            "ansible_ssh_common_args": (
+                "-o ConnectTimeout=15 -o StrictHostKeyChecking=accept-new "
+                f"-o UserKnownHostsFile={known_hosts}"
+            ),
+        },
+        header=(
+            "---\n"
+            f"# Written by `dscluster inventory aws --cluster {cluster}` from the running EC2\n"
+            f"# instances tagged {CLUSTER_TAG}={cluster} in {region}. Expected accelerators, "
+            "slots\n"
+            "# and EFA come from DescribeInstanceTypes; the roles detect the real ones on each "
+            "node.\n"
+            "# SSH user and key per AMI family: the aws_ami_* groups. Host keys: from each\n"
+            f"# instance's console output (GetConsoleOutput) into {known_hosts}.\n"
+            "# Run the command again to refresh; edits here are overwritten then.\n"
+        ),
+        groups=groups,
+        known_hosts=known_hosts,
+        known_hosts_text=merge_known_hosts(
+            known_hosts.read_text() if known_hosts.exists() else "", nodes
+        ),
+    )
+
+
+def inventory_data(
+    cluster: str, region: str, nodes: list[Node], cpu_slots: int, known_hosts: pathlib.Path
+) -> dict[str, Any]:
+    """The hosts.yml document."""
+    return describe(cluster, region, nodes, cpu_slots, known_hosts).data()
 
 
 def write_inventory(
@@ -555,24 +574,10 @@ def write_inventory(
     )
     region = str(sess.region_name)
     out = pathlib.Path(out_dir).expanduser() if out_dir else inventory_dir("aws")
-    hostfile_text = render_hostfile((n.name, n.slots) for n in nodes)
     known_hosts = state_dir(cluster) / "known_hosts"
-    data = inventory_data(cluster, region, nodes, cpu_slots, known_hosts)
-    header = (
-        "---\n"
-        f"# Written by `dscluster inventory aws --cluster {cluster}` from the running EC2\n"
-        f"# instances tagged {CLUSTER_TAG}={cluster} in {region}. Expected accelerators, slots\n"
-        "# and EFA come from DescribeInstanceTypes; the roles detect the real ones on each node.\n"
-        "# SSH user and key per AMI family: the aws_ami_* groups. Host keys: from each\n"
-        f"# instance's console output (GetConsoleOutput) into {known_hosts}.\n"
-        "# Run the command again to refresh; edits here are overwritten then.\n"
-    )
-    known_text = merge_known_hosts(known_hosts.read_text() if known_hosts.exists() else "", nodes)
-    hosts_yml = write_hosts_yml(out, data, header)
-    hostfile = out / "hostfile"
-    atomic_write(hostfile, hostfile_text)
-    atomic_write(known_hosts, known_text, mode=0o600)
-    return Result(hosts_yml, hostfile, nodes, region, warnings)
+    written = write(describe(cluster, region, nodes, cpu_slots, known_hosts), out)
+    assert written.hostfile is not None
+    return Result(written.hosts_yml, written.hostfile, nodes, region, warnings)
 
 
 def summary_table(result: Result) -> Table:

@@ -1,0 +1,80 @@
+"""sources/: one cluster description per source, one writer, one set of name rules."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from dscluster.errors import DsclusterError
+from dscluster.sources import cluster, local, names
+
+# What `dscluster local up --name demo --nodes 2 --slots 2` wrote before sources/ existed
+# (local._write_inventory), byte for byte.
+LOCAL_HOSTS_YML = """\
+---
+# Written by `dscluster local up --name demo --nodes 2`: a local cluster
+# of node containers on Docker network dsc-demo. Host keys were read from each
+# container over `docker exec` into /s/kh.
+all:
+  vars:
+    dscluster_cluster_name: demo
+    dscluster_state_dir: /s
+    dscluster_training_user: ds
+    dscluster_shared_dir: /shared
+    dscluster_shared_storage: external
+    dscluster_cpu_slots: 2
+    ansible_user: root
+    ansible_ssh_private_key_file: /s/key
+    ansible_ssh_common_args: -o UserKnownHostsFile=/s/kh -o StrictHostKeyChecking=yes
+  children:
+    head:
+      hosts:
+        demo-n1:
+          ansible_host: 10.0.0.2
+    workers:
+      hosts:
+        demo-n2:
+          ansible_host: 10.0.0.3
+"""
+
+
+def test_local_inventory_is_written_as_before(tmp_path: pathlib.Path):
+    nodes = [
+        local.Node("demo-n1", "dsc-demo-n1", "10.0.0.2", "ssh-ed25519 AAAA"),
+        local.Node("demo-n2", "dsc-demo-n2", "10.0.0.3", "ssh-ed25519 BBBB"),
+    ]
+    described = local.describe(
+        "demo",
+        nodes=nodes,
+        key=pathlib.Path("/s/key"),
+        known_hosts=pathlib.Path("/s/kh"),
+        cpu_slots=2,
+        sdir=pathlib.Path("/s"),
+    )
+    written = cluster.write(described, tmp_path)
+    assert written.hosts_yml.read_text() == LOCAL_HOSTS_YML
+    assert written.hostfile is None and not (tmp_path / "hostfile").exists()
+    assert (described.head.name, described.total_slots) == ("demo-n1", 4)
+
+
+def test_writer_writes_nothing_when_the_hostfile_is_refused(tmp_path: pathlib.Path):
+    bad = cluster.Cluster(
+        name="x",
+        nodes=[cluster.Node("a", 1, {}), cluster.Node("a", 2, {})],
+        vars={},
+        header="---\n",
+    )
+    with pytest.raises(DsclusterError):
+        cluster.write(bad, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_one_set_of_name_rules():
+    names.check_cluster_name("demo-1")
+    names.check_inventory_name("site_a")
+    with pytest.raises(DsclusterError, match="cluster name 'Bad_Name' is not usable"):
+        names.check_cluster_name("Bad_Name")
+    with pytest.raises(DsclusterError, match="inventory name 'Bad' is not usable"):
+        names.check_inventory_name("Bad")
+    assert names.HOSTNAME_RE.match("ip-10-0-0-12") and not names.HOSTNAME_RE.match("-x")
