@@ -1,0 +1,69 @@
+"""`dscluster doctor`: every node and every pair of nodes checked before a job starts.
+
+playbooks/doctor.yml (role `doctor`) gathers findings on the nodes and writes one JSON file
+per host on the controller; `evaluate` judges them here, as pure functions: a table of
+check x node (pass / warn / fail / skip), one line per problem naming the node and the fix.
+
+Attribution for pairwise checks (SSH, ports): a target that no node reaches is the target's
+fault (sshd down, a firewall on it); a source that reaches no target is the source's; other
+failed pairs are the source's, naming the target. A node the controller cannot reach fails
+`reach`, and nothing else is blamed on it or on the nodes that could not reach it.
+
+report.py: the table, problem lines and summary; findings.py: reading one node's findings;
+network.py: checks between nodes (ssh, pdsh, memlock, resolve, ports, clock); node.py: checks
+on each node (shm, disk, shared, libaio, ifname, versions, slots); evaluate.py: all of them
+over every node; run.py: gathering the findings with playbooks/doctor.yml, preflight.
+"""
+
+from __future__ import annotations
+
+from .evaluate import evaluate
+from .findings import attribute, load_json, stdout_json, step_error
+from .network import judge_clock, judge_pdsh_memlock, judge_ports, judge_resolve, judge_ssh
+from .node import RDMA_PROFILES, VERSION_FIELDS, judge_local, judge_slots, judge_versions
+from .report import (
+    CHECKS,
+    GIB,
+    MIB,
+    STATUS_ORDER,
+    STYLE,
+    Cell,
+    DoctorReport,
+    Thresholds,
+    problem_lines,
+    summary_line,
+    table,
+)
+from .run import preflight, require_healthy, run_doctor
+
+__all__ = [
+    "CHECKS",
+    "GIB",
+    "MIB",
+    "RDMA_PROFILES",
+    "STATUS_ORDER",
+    "STYLE",
+    "VERSION_FIELDS",
+    "Cell",
+    "DoctorReport",
+    "Thresholds",
+    "attribute",
+    "evaluate",
+    "judge_clock",
+    "judge_local",
+    "judge_pdsh_memlock",
+    "judge_ports",
+    "judge_resolve",
+    "judge_slots",
+    "judge_ssh",
+    "judge_versions",
+    "load_json",
+    "preflight",
+    "problem_lines",
+    "require_healthy",
+    "run_doctor",
+    "stdout_json",
+    "step_error",
+    "summary_line",
+    "table",
+]

@@ -1,0 +1,144 @@
+"""The doctor report: its checks, cells (check x node), table, problem lines, summary."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+CHECKS: dict[str, str] = {
+    "reach": "the controller reaches the node (Ansible over SSH)",
+    "ssh": "SSH to every node as the training user (BatchMode, StrictHostKeyChecking)",
+    "pdsh": "pdsh from the head reaches the node (DeepSpeed's launcher path)",
+    "resolve": "every cluster host name resolves to its address on this node",
+    "rendezvous": "the head's rendezvous port is reachable from this node",
+    "ports": "ephemeral TCP ports reachable between every pair of nodes",
+    "clock": "clock offset from the head",
+    "shm": "/dev/shm size",
+    "memlock": "ulimit -l as the launcher's sessions see it (through pdsh)",
+    "disk": "free disk on the venv and shared paths",
+    "shared": "the shared path is really shared (a token written on the head)",
+    "versions": "python/torch/deepspeed/ops/CUDA/NCCL/driver/SynapseAI/libfabric agree",
+    "libaio": "libaio present and DeepSpeed's async_io op loadable",
+    "slots": "hostfile slots match the accelerators detected now",
+    "ifname": "NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME name an addressed interface",
+}
+STATUS_ORDER = {"pass": 0, "skip": 1, "warn": 2, "fail": 3}
+STYLE = {"pass": "green", "skip": "dim", "warn": "yellow", "fail": "bold red"}
+
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Thresholds:
+    min_shm_bytes: int = GIB
+    min_free_bytes: int = 2 * GIB
+    warn_free_bytes: int = 10 * GIB
+    clock_warn_s: float = 0.5
+    clock_fail_s: float = 2.0
+    # Where RDMA or accelerators pin memory (NCCL over EFA/IB, CUDA pinned buffers), memlock
+    # must be unlimited; on CPU nodes over TCP a small limit only bounds pinned CPU buffers.
+    min_memlock_kb_cpu: int = 64
+
+
+@dataclasses.dataclass
+class Cell:
+    status: str = "pass"
+    details: list[str] = dataclasses.field(default_factory=list)
+    fixes: list[str] = dataclasses.field(default_factory=list)
+
+    def add(self, status: str, detail: str, fix: str = "") -> None:
+        if STATUS_ORDER[status] > STATUS_ORDER[self.status]:
+            self.status = status
+        if detail and detail not in self.details:
+            self.details.append(detail)
+        if fix and fix not in self.fixes:
+            self.fixes.append(fix)
+
+
+@dataclasses.dataclass
+class DoctorReport:
+    hosts: list[str]
+    head: str
+    cells: dict[str, dict[str, Cell]]  # check -> host -> cell
+
+    def cell(self, check: str, host: str) -> Cell:
+        return self.cells.setdefault(check, {}).setdefault(host, Cell())
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems("fail")
+
+    def problems(self, status: str = "fail") -> list[tuple[str, str, Cell]]:
+        """(host, check, cell) with that status, in host order then check order."""
+        out = []
+        for host in self.hosts:
+            for check in CHECKS:
+                cell = self.cells.get(check, {}).get(host)
+                if cell and cell.status == status:
+                    out.append((host, check, cell))
+        return out
+
+    def failed(self) -> set[tuple[str, str]]:
+        return {(host, check) for host, check, _ in self.problems("fail")}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "head": self.head,
+            "hosts": self.hosts,
+            "checks": {
+                check: {host: dataclasses.asdict(cell) for host, cell in self.cells[check].items()}
+                for check in CHECKS
+                if check in self.cells
+            },
+            "failures": [
+                {"host": h, "check": c, "detail": "; ".join(cell.details), "fix": cell.fixes}
+                for h, c, cell in self.problems("fail")
+            ],
+            "warnings": [
+                {"host": h, "check": c, "detail": "; ".join(cell.details), "fix": cell.fixes}
+                for h, c, cell in self.problems("warn")
+            ],
+        }
+
+
+def table(report: DoctorReport) -> Table:
+    t = Table(title=f"doctor: {len(report.hosts)} nodes, head {report.head}", title_justify="left")
+    t.add_column("check")
+    for host in report.hosts:
+        t.add_column(host)
+    for check in CHECKS:
+        row = [check]
+        for host in report.hosts:
+            cell = report.cells.get(check, {}).get(host) or Cell()
+            row.append(Text(cell.status, style=STYLE[cell.status]))
+        t.add_row(*row)
+    return t
+
+
+def problem_lines(report: DoctorReport) -> list[str]:
+    lines = []
+    for status in ("fail", "warn"):
+        for host, check, cell in report.problems(status):
+            fix = f" — fix: {'; '.join(cell.fixes)}" if cell.fixes else ""
+            lines.append(f"{status.upper()} {host} {check}: {'; '.join(cell.details)}{fix}")
+    return lines
+
+
+def summary_line(report: DoctorReport) -> str:
+    fails = report.problems("fail")
+    if not fails:
+        warns = len(report.problems("warn"))
+        extra = f" ({warns} warning(s))" if warns else ""
+        return f"doctor: every check passed on {len(report.hosts)} nodes{extra}"
+    where = sorted({h for h, _, _ in fails}, key=report.hosts.index)
+    checks = sorted({c for _, c, _ in fails}, key=list(CHECKS).index)
+    return (
+        f"doctor: {len(fails)} failure(s) on {', '.join(where)} ({', '.join(checks)}); "
+        f"first: {problem_lines(report)[0]}"
+    )

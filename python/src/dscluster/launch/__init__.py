@@ -1,0 +1,92 @@
+"""`dscluster launch`: run a script across the cluster with the deepspeed launcher (pdsh),
+torchrun (c10d rendezvous, one agent per node over pdsh) or OpenMPI's mpirun.
+
+select.py: resource selection; render.py: argv, hostfiles and the scripts staged with the job,
+per launcher, and the Plan; watch.py: which node a failed launch lost; run.py: `run_job`, the
+one place that does I/O: it stages the job through playbooks/launch.yml, which runs
+`launch.sh` on the head in the job directory with a bounded `timeout`. All pure but run.py.
+
+`--include/--exclude/--num-nodes/--num-gpus` follow DeepSpeed's launcher
+(deepspeed/launcher/runner.py: parse_node_config, parse_resource_filter,
+parse_inclusion_exclusion, apply_num_nodes_and_gpus) for every launcher: the deepspeed
+launcher gets them verbatim, torchrun and mpi get the hosts and slots they select.
+"""
+
+from __future__ import annotations
+
+from .render import (
+    DEEPSPEED_SAFE_ARG_RE,
+    LAUNCH_TIME,
+    LAUNCHERS,
+    LOST_NODE_GRACE,
+    PDSH_MAX_FAN_OUT,
+    SSH_LIVENESS_ARGS,
+    VISIBLE_DEVICES_ENV,
+    Plan,
+    Raw,
+    build_plan,
+    check_deepspeed_args,
+    deepspeed_argv,
+    mpi_argv,
+    render_launch_script,
+    render_mpi_hostfile,
+    render_mpi_rank_wrapper,
+    render_torchrun_node_script,
+    shell_join,
+    torchrun_argv,
+    torchrun_pdsh_argv,
+    visible_devices,
+    watch_source,
+)
+from .run import (
+    JobResult,
+    describe,
+    job_dir_for,
+    launch,
+    new_run_id,
+    plan_for,
+    program_for,
+    run_job,
+    write_mpi_hostfile,
+)
+from .select import parse_node_specs, select_resources
+from .watch import MPI_EXIT_CODE_RE, MPI_PROCESS_RE, lost_nodes
+
+__all__ = [
+    "DEEPSPEED_SAFE_ARG_RE",
+    "LAUNCHERS",
+    "LAUNCH_TIME",
+    "LOST_NODE_GRACE",
+    "MPI_EXIT_CODE_RE",
+    "MPI_PROCESS_RE",
+    "PDSH_MAX_FAN_OUT",
+    "SSH_LIVENESS_ARGS",
+    "VISIBLE_DEVICES_ENV",
+    "JobResult",
+    "Plan",
+    "Raw",
+    "build_plan",
+    "check_deepspeed_args",
+    "deepspeed_argv",
+    "describe",
+    "job_dir_for",
+    "launch",
+    "lost_nodes",
+    "mpi_argv",
+    "new_run_id",
+    "parse_node_specs",
+    "plan_for",
+    "program_for",
+    "render_launch_script",
+    "render_mpi_hostfile",
+    "render_mpi_rank_wrapper",
+    "render_torchrun_node_script",
+    "run_job",
+    "select_resources",
+    "shell_join",
+    "torchrun_argv",
+    "torchrun_pdsh_argv",
+    "visible_devices",
+    "watch_source",
+    "write_mpi_hostfile",
+]

@@ -1,0 +1,236 @@
+"""Running a launch: the plan from an inventory, staging and running the job through
+playbooks/launch.yml (the one place with I/O), the dry-run description.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import pathlib
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+
+from rich.console import Console
+
+from .. import storage
+from ..errors import DsclusterError
+from ..hostfile import (
+    LaunchFiles,
+    write_launch_files,
+)
+from ..inventory import DEFAULT_MASTER_PORT, Inventory
+from ..paths import cache_dir
+from ..runner import PlaybookResult, run_playbook
+from ..util import atomic_write, print_warnings
+from .render import Plan, build_plan, render_mpi_hostfile
+from .watch import lost_nodes
+
+
+def new_run_id(prefix: str) -> str:
+    return dt.datetime.now(dt.UTC).strftime(f"{prefix}-%Y%m%dT%H%M%S%f")
+
+
+def job_dir_for(inv: Inventory, run_id: str) -> str:
+    return f"{storage.inventory_paths(inv).jobs_dir}/{run_id}"
+
+
+def plan_for(
+    inv: Inventory,
+    files: LaunchFiles,
+    *,
+    launcher: str,
+    run_id: str,
+    program: Sequence[str],
+    **filters,
+) -> Plan:
+    """build_plan from the inventory and the launch files `write_launch_files` wrote."""
+    head_facts = files.facts[0]
+    interfaces = {f.interface for f in files.facts}
+    return build_plan(
+        launcher=launcher,
+        run_id=run_id,
+        job_dir=job_dir_for(inv, run_id),
+        head=inv.head,
+        venv=head_facts.venv,
+        pool={f.host: f.slots for f in files.facts},
+        accelerators={f.host: f.accelerator for f in files.facts},
+        hostfile_text=files.hostfile.read_text(),
+        env_text=files.env_file.read_text(),
+        program=program,
+        interface=interfaces.pop() if len(interfaces) == 1 else "",
+        **filters,
+    )
+
+
+@dataclasses.dataclass
+class JobResult:
+    rc: int
+    log_lines: list[str]
+    log_path: pathlib.Path
+    fetched: dict[str, str]  # name -> text of each file fetched besides the log
+    lost_nodes: dict[str, str]
+    playbook: PlaybookResult
+
+
+def run_job(
+    inv: Inventory,
+    plan: Plan,
+    *,
+    stage_files: Mapping[str, pathlib.Path] | None = None,
+    fetch: Sequence[str] = (),
+    timeout: int = 3600,
+    console: Console | None = None,
+    playbook: str = "launch.yml",
+) -> JobResult:
+    """Stage the plan's files (+ stage_files: name -> local path) into the job directory,
+    run launch.sh on the head within `timeout` seconds, fetch the log (+ `fetch`)."""
+    console = console or Console(stderr=True)
+    if timeout < 1:
+        raise DsclusterError(f"--timeout {timeout}: give the job at least one second")
+    stage = pathlib.Path(tempfile.mkdtemp(prefix="launch-", dir=cache_dir()))
+    try:
+        entries = []
+        for name, (text, mode) in plan.files.items():
+            (stage / name).write_text(text)
+            entries.append({"name": name, "mode": mode})
+        for name, path in (stage_files or {}).items():
+            shutil.copy(path, stage / name)
+            entries.append({"name": name, "mode": "0644"})
+        fetched_dir = stage / "fetched"
+        fetched_dir.mkdir()
+        result = run_playbook(
+            playbook,
+            inv,
+            extravars={
+                "launch_stage_dir": str(stage),
+                "launch_fetch_dir": str(fetched_dir),
+                "launch_job_dir": plan.job_dir,
+                "launch_files": entries,
+                "launch_fetch": ["launcher.log", "exit_status", *fetch],
+                "launch_timeout": timeout,
+            },
+            # Only the job's nodes: a node left out (--exclude, degraded.json) is not touched.
+            limit=",".join(dict.fromkeys([plan.head, *plan.resources])),
+            timeout=timeout + 180,
+            console=console,
+        )
+        texts = {
+            name: (fetched_dir / name).read_text(errors="replace")
+            for name in ("launcher.log", "exit_status", *fetch)
+            if (fetched_dir / name).is_file()
+        }
+        log_text = texts.pop("launcher.log", "")
+        # .txt: Ansible reads every other file under an inventory directory as inventory.
+        log_path = inv.directory / "logs" / f"{plan.run_id}.log.txt"
+        atomic_write(log_path, log_text)
+        status = texts.pop("exit_status", "").strip()
+        rc = int(status) if status.lstrip("-").isdigit() else 1
+        if result.rc != 0 and rc == 0:
+            rc = 1  # the play failed around a job that did not (staging, fetching)
+        lines = log_text.splitlines()
+        return JobResult(
+            rc=rc,
+            log_lines=lines,
+            log_path=log_path,
+            fetched=texts,
+            lost_nodes=lost_nodes(lines, plan.rank_hosts) if rc else {},
+            playbook=result,
+        )
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def write_mpi_hostfile(inv: Inventory, files: LaunchFiles) -> pathlib.Path:
+    """Every slot in OpenMPI's format beside the inventory, for the user's own mpirun
+    (the job's own, filtered copy is staged with the job)."""
+    path = inv.directory / "mpi_hostfile"
+    atomic_write(path, render_mpi_hostfile({f.host: range(f.slots) for f in files.facts}))
+    return path
+
+
+def describe(plan: Plan) -> str:
+    """The dry run: the head's command, then every launch file it uses."""
+    parts = [
+        f"# {plan.launcher} on {len(plan.resources)} nodes, {plan.world_size} ranks, "
+        f"from {plan.head} in {plan.job_dir}",
+        plan.command,
+    ]
+    for name in ("hostfile", "mpi_hostfile", "torchrun_node.sh", "mpi_rank.sh"):
+        if name in plan.files:
+            parts += [f"# --- {name}", plan.files[name][0].rstrip("\n")]
+    return "\n".join(parts) + "\n"
+
+
+def program_for(script: str, args: Sequence[str], *, stage: bool) -> tuple[list[str], dict]:
+    """The program words and the local files to stage for `script`."""
+    if not stage:
+        if not script.startswith("/"):
+            raise DsclusterError(
+                f"--no-stage needs the script's absolute path on the nodes, not {script!r}"
+            )
+        return [script, *args], {}
+    path = pathlib.Path(script).expanduser()
+    if not path.is_file():
+        raise DsclusterError(
+            f"script {script} not found here; give a local file to stage, or an absolute "
+            "path on the nodes with --no-stage"
+        )
+    reserved = {"launch.sh", "hostfile", ".deepspeed_env", "mpi_hostfile", "mpi_rank.sh"}
+    reserved |= {"launch_watch.py"}
+    if path.name in reserved | {"torchrun_node.sh", "launcher.log", "exit_status"}:
+        raise DsclusterError(f"script name {path.name} is used by dscluster's job files; rename it")
+    return [path.name, *args], {path.name: path}
+
+
+def launch(
+    inv: Inventory,
+    *,
+    launcher: str,
+    script: str,
+    args: Sequence[str],
+    stage: bool = True,
+    dry_run: bool = False,
+    timeout: int = 3600,
+    master_port: int = DEFAULT_MASTER_PORT,
+    include: str = "",
+    exclude: str = "",
+    num_nodes: int | None = None,
+    num_gpus: int | None = None,
+    out: Console | None = None,
+    console: Console | None = None,
+    preflight: Callable[[], None] | None = None,
+) -> tuple[Plan, JobResult | None]:
+    """Plan, then (unless dry_run) run `preflight` (doctor) and the job."""
+    out = out or Console()
+    console = console or Console(stderr=True)
+    files = write_launch_files(inv)
+    print_warnings(console, files.warnings)
+    program, stage_files = program_for(script, args, stage=stage)
+    plan = plan_for(
+        inv,
+        files,
+        launcher=launcher,
+        run_id=new_run_id("launch"),
+        program=program,
+        include=include,
+        exclude=exclude,
+        num_nodes=num_nodes,
+        num_gpus=num_gpus,
+        master_port=master_port,
+    )
+    if launcher == "mpi":
+        console.print(f"wrote {write_mpi_hostfile(inv, files)}", markup=False, highlight=False)
+    if dry_run:
+        out.print(describe(plan), markup=False, highlight=False, end="")
+        return plan, None
+    console.print(
+        f"launch: {plan.launcher}, {len(plan.resources)} nodes, {plan.world_size} ranks, "
+        f"head {plan.head}, run {plan.run_id}",
+        markup=False,
+        highlight=False,
+    )
+    if preflight is not None:
+        preflight()
+    result = run_job(inv, plan, stage_files=stage_files, timeout=timeout, console=console)
+    return plan, result
