@@ -176,7 +176,7 @@ def report_stragglers(report: Mapping[str, Any], factor: float) -> list[Straggle
 # --- the run --------------------------------------------------------------------------------
 
 
-def run_smoke(
+def run_smoke(  # noqa: C901, PLR0912, PLR0913, PLR0915 - the smoke command's options and its one staged flow
     inv: Inventory,
     *,
     zero: int | Sequence[int] = 2,

@@ -31,7 +31,7 @@ def _configs_title(report: Mapping[str, Any]) -> str:
     return text + (f" (skipped: {', '.join(skipped)})" if skipped else "")
 
 
-def build_figure(report: Mapping[str, Any]) -> Figure:
+def build_figure(report: Mapping[str, Any]) -> Figure:  # noqa: PLR0915 - one figure, drawn panel by panel
     """Left: the point-to-point matrix (row sends to column, GB/s in each cell), straggler
     links outlined and straggler nodes' names in red. Right: each rank's mean step time as a
     bar labelled rank@host, red where its node is a straggler."""

@@ -12,7 +12,7 @@ from .node import judge_local, judge_slots, judge_versions
 from .report import CHECKS, DoctorReport, Thresholds
 
 
-def evaluate(
+def evaluate(  # noqa: PLR0913 - every finding the judges read, each a keyword
     hosts: Sequence[str],
     head: str,
     findings: Mapping[str, Mapping[str, Any]],

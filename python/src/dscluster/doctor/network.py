@@ -125,7 +125,7 @@ def judge_resolve(report, live, node) -> None:
                 )
 
 
-def judge_ports(report, live, head, findings, master_port) -> None:
+def judge_ports(report, live, head, findings, master_port) -> None:  # noqa: C901, PLR0912 - one branch per port-probe outcome, in the order they are reported
     listens = {h: findings[h].get("listen") or {} for h in live}
     if head in live:
         listen = listens[head]

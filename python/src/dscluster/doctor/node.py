@@ -30,7 +30,7 @@ def _size(n: float) -> str:
     return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / MIB:.0f} MiB"
 
 
-def judge_local(report, live, node, *, t: Thresholds, shared_storage: bool, token: str) -> None:
+def judge_local(report, live, node, *, t: Thresholds, shared_storage: bool, token: str) -> None:  # noqa: C901, PLR0912 - one branch per local check (shm, disk, shared, libaio, ifname)
     for host in live:
         data = node[host]
         if not data:

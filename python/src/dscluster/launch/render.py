@@ -287,7 +287,7 @@ class Plan:
         return shell_join(self.argv)
 
 
-def build_plan(
+def build_plan(  # noqa: PLR0913 - build_plan takes every input of a plan, each a keyword
     *,
     launcher: str,
     run_id: str,

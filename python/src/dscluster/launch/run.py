@@ -183,7 +183,7 @@ def program_for(script: str, args: Sequence[str], *, stage: bool) -> tuple[list[
     return [path.name, *args], {path.name: path}
 
 
-def launch(
+def launch(  # noqa: PLR0913 - the launch command's options, each a keyword
     inv: Inventory,
     *,
     launcher: str,

@@ -37,7 +37,7 @@ def parse_node_specs(text: str, flag: str) -> dict[str, list[int]]:
     return {host: sorted(set(slots)) for host, slots in specs.items()}
 
 
-def select_resources(
+def select_resources(  # noqa: C901, PLR0912 - mirrors DeepSpeed's runner.parse_inclusion_exclusion step by step
     pool: Mapping[str, int],
     *,
     include: str = "",

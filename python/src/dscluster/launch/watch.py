@@ -20,7 +20,7 @@ MPI_PROCESS_RE = re.compile(r"^\s*Process name: \[\[\d+,\d+\],(?P<rank>\d+)\]")
 MPI_EXIT_CODE_RE = re.compile(r"^\s*Exit code:\s+(?P<code>-?\d+)")
 
 
-def lost_nodes(log_lines: Sequence[str], rank_hosts: Sequence[str] = ()) -> dict[str, str]:
+def lost_nodes(log_lines: Sequence[str], rank_hosts: Sequence[str] = ()) -> dict[str, str]:  # noqa: C901 - one branch per launcher log pattern (pdsh, ssh, torchrun, mpirun)
     """Nodes the launcher log shows lost, with why, in the order the log shows them.
 
     rank_hosts: the host of each global rank (mpirun names a failed rank, not its node).

@@ -360,7 +360,7 @@ def host_names(instances: list[dict[str, Any]]) -> dict[str, str]:
 # ---------------------------------------------------------------- build + write
 
 
-def discover(
+def discover(  # noqa: C901, PLR0912, PLR0915 - discovery in one pass: instances, types, images, host keys, warnings
     sess: Any,
     cluster: str,
     *,
@@ -549,7 +549,7 @@ def inventory_data(
     return describe(cluster, region, nodes, cpu_slots, known_hosts).data()
 
 
-def write_inventory(
+def write_inventory(  # noqa: PLR0913 - the inventory aws command's options, each a keyword
     sess: Any,
     cluster: str,
     *,

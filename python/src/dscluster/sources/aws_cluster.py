@@ -263,7 +263,7 @@ def network_interfaces(subnet_id: str, group_id: str, efa: bool) -> list[dict[st
     return [nic]
 
 
-def up(
+def up(  # noqa: PLR0913 - the aws up command's options, each a keyword
     sess: Any,
     cluster: str,
     *,
