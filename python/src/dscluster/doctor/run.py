@@ -60,8 +60,8 @@ def run_doctor(
     console: Console | None = None,
 ) -> DoctorReport:
     """Run playbooks/doctor.yml and judge what it found. Saves reports/doctor-latest.json."""
-    from .hostfile import read_degraded  # noqa: PLC0415
-    from .runner import run_playbook  # noqa: PLC0415
+    from ..hostfile import read_degraded  # noqa: PLC0415
+    from ..runner import run_playbook  # noqa: PLC0415
 
     console = console or Console(stderr=True)
     # Nodes a provision --allow-degraded left out are not in the hostfile: not checked either.
