@@ -226,7 +226,7 @@ def _fabric_env(facts: list[NodeFacts]) -> tuple[dict[str, str], list[str]]:
         values = {host: node_env.get(key) for host, node_env in per_node.items()}
         distinct = set(values.values())
         if len(distinct) == 1 and None not in distinct:
-            env[key] = distinct.pop()
+            env[key] = str(distinct.pop())
         elif not key.startswith("NCCL_"):
             # NCCL_* keys are in each node's /etc/nccl.conf already; nothing to report.
             shown = ", ".join(

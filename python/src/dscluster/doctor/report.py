@@ -113,7 +113,7 @@ def table(report: DoctorReport) -> Table:
     for host in report.hosts:
         t.add_column(host)
     for check in CHECKS:
-        row = [check]
+        row: list[str | Text] = [check]
         for host in report.hosts:
             cell = report.cells.get(check, {}).get(host) or Cell()
             row.append(Text(cell.status, style=STYLE[cell.status]))

@@ -415,13 +415,15 @@ def down(sess: Any, cluster: str, *, wait_s: int = 600, say: Say = print) -> lis
             _delete_security_group(ec2, str(group["GroupId"]))
             removed.append(f"security group {group['GroupId']}")
             say(f"deleted security group {resource_name(cluster)} ({group['GroupId']})")
-        group = find_placement_group(ec2, cluster)
-        if group and tag_value(group, CLUSTER_TAG) == cluster:
+        placement = find_placement_group(ec2, cluster)
+        if placement and tag_value(placement, CLUSTER_TAG) == cluster:
             ec2.delete_placement_group(GroupName=resource_name(cluster))
             removed.append(f"placement group {resource_name(cluster)}")
             say(f"deleted placement group {resource_name(cluster)}")
-        elif group:
-            say(f"left placement group {group['GroupName']}: not tagged {CLUSTER_TAG}={cluster}")
+        elif placement:
+            say(
+                f"left placement group {placement['GroupName']}: not tagged {CLUSTER_TAG}={cluster}"
+            )
     return removed
 
 

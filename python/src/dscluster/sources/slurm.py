@@ -111,10 +111,10 @@ def slots_and_source(env: Mapping[str, str], nodes: Sequence[str]) -> tuple[list
         if ids:
             return [len(ids)] * count, "SLURM_JOB_GPUS"
     per_node = env.get("SLURM_GPUS_PER_NODE", "").strip()
-    if per_node and (n := gpu_count(per_node)) > 0:
-        return [n] * count, "SLURM_GPUS_PER_NODE"
-    if n := _positive(env, "SLURM_NTASKS_PER_NODE"):
-        return [n] * count, "SLURM_NTASKS_PER_NODE"
+    if per_node and (gpus := gpu_count(per_node)) > 0:
+        return [gpus] * count, "SLURM_GPUS_PER_NODE"
+    if tasks := _positive(env, "SLURM_NTASKS_PER_NODE"):
+        return [tasks] * count, "SLURM_NTASKS_PER_NODE"
     cpus = env.get("SLURM_JOB_CPUS_PER_NODE", "").strip()
     if cpus:
         per = parse_cpus_per_node(cpus)
