@@ -13,7 +13,6 @@ from dscluster.cli.flags import zero_stages
 from dscluster.errors import DsclusterError
 from dscluster.jobs import smoke_job
 from dscluster.smoke import (
-    _failure_line,
     config_table,
     find_stragglers,
     host_step_times,
@@ -23,7 +22,8 @@ from dscluster.smoke import (
     rank_table,
     report_stragglers,
 )
-from dscluster.smoke_report import build_figure, render_png, write_png
+from dscluster.smoke.figure import build_figure, render_png, write_png
+from dscluster.smoke.run import _failure_line
 
 
 def test_lost_nodes_from_launcher_log():

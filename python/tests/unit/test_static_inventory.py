@@ -11,7 +11,7 @@ from dscluster.errors import DsclusterError
 from dscluster.inventory import load
 from dscluster.sources import static
 
-from .test_slurm import DS_HOSTFILE_RE, one_line_error, run_cli
+from .clirun import DS_HOSTFILE_RE, one_line_error, run_cli
 
 
 @pytest.mark.parametrize(

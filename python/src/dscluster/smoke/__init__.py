@@ -1,0 +1,41 @@
+"""`dscluster smoke`: a real DeepSpeed job across every slot, checked and reported.
+
+The job goes through `dscluster launch`'s path (launch/, playbooks/smoke.yml = launch.yml)
+with any of its launchers: deepspeed (pdsh), torchrun (c10d) or mpi (mpirun). One launch runs
+the whole matrix of ZeRO stages x offload (jobs/smoke_job.py) and a pairwise bandwidth pass;
+the straggler maths here is pure and runs on the controller over the job's report.
+
+stragglers.py: the straggler maths (pure); run.py: staging, launching and checking the job;
+tables.py: the report's tables; figure.py: its PNG (matplotlib, loaded only to draw).
+"""
+
+from __future__ import annotations
+
+from ..launch import lost_nodes
+from .run import job_source, run_smoke
+from .stragglers import (
+    DEFAULT_STRAGGLER_FACTOR,
+    Straggler,
+    find_stragglers,
+    host_step_times,
+    link_bandwidths,
+    report_stragglers,
+)
+from .tables import bandwidth_table, config_table, configs_label, link_table, rank_table
+
+__all__ = [
+    "DEFAULT_STRAGGLER_FACTOR",
+    "Straggler",
+    "bandwidth_table",
+    "config_table",
+    "configs_label",
+    "find_stragglers",
+    "host_step_times",
+    "job_source",
+    "link_bandwidths",
+    "link_table",
+    "lost_nodes",
+    "rank_table",
+    "report_stragglers",
+    "run_smoke",
+]

@@ -1,0 +1,194 @@
+"""`run_smoke`: stage the job on the head, launch it across every slot, fetch and check the
+report, write the JSON and PNG reports.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Callable, Mapping, Sequence
+from importlib import resources
+from typing import Any
+
+from rich.console import Console
+
+from .. import storage
+from ..dsconfig import OFFLOADS, ZERO_STAGES
+from ..errors import DsclusterError
+from ..hostfile import write_launch_files
+from ..inventory import DEFAULT_MASTER_PORT, Inventory
+from ..launch import (
+    LAUNCH_TIME,
+    lost_nodes,
+    new_run_id,
+    plan_for,
+    run_job,
+)
+from ..util import atomic_write, print_warnings
+from .stragglers import DEFAULT_STRAGGLER_FACTOR, report_stragglers
+
+
+def job_source() -> pathlib.Path:
+    return pathlib.Path(str(resources.files("dscluster.jobs") / "smoke_job.py"))
+
+
+def run_smoke(  # noqa: C901, PLR0912, PLR0913, PLR0915 - the smoke command's options and its one staged flow
+    inv: Inventory,
+    *,
+    zero: int | Sequence[int] = 2,
+    offload: str = "none",
+    steps: int = 30,
+    timeout: int = 600,
+    dist_timeout: int = 120,
+    launcher: str = "deepspeed",
+    master_port: int = DEFAULT_MASTER_PORT,
+    straggler_factor: float = DEFAULT_STRAGGLER_FACTOR,
+    p2p_mb: float = 8.0,
+    console: Console | None = None,
+    preflight: Callable[[], None] | None = None,
+    ds_config: pathlib.Path | None = None,
+) -> tuple[dict[str, Any], pathlib.Path]:
+    """Stage the job on the head, launch it across every slot with `launcher`, fetch the
+    report, find stragglers, write the JSON and PNG reports. Returns (report, JSON path);
+    raises DsclusterError when the job failed.
+
+    With `ds_config` (a file from `dscluster dsconfig`) the job runs that one configuration
+    instead of the ZeRO matrix, and also saves a checkpoint in dscluster_checkpoint_dir with
+    the file's checkpoint settings, loads it back and compares the weights."""
+    console = console or Console(stderr=True)
+    staged: dict[str, pathlib.Path] = {"smoke_job.py": job_source()}
+    if ds_config is not None:
+        staged["ds_config.json"] = _checked_ds_config(ds_config)
+    paths = storage.inventory_paths(inv)
+    stages = (zero,) if isinstance(zero, int) else tuple(zero)
+    if not stages or any(s not in (0, *ZERO_STAGES) for s in stages):
+        raise DsclusterError(f"--zero {stages} is not a list of ZeRO stages; use 1, 2 or 3")
+    if offload not in OFFLOADS:
+        raise DsclusterError(f"--offload {offload} is unknown; use cpu or nvme")
+    if straggler_factor < 1:
+        raise DsclusterError(
+            f"--straggler-factor {straggler_factor:g} is below 1; use 2 for 'twice as slow'"
+        )
+    files = write_launch_files(inv)
+    print_warnings(console, files.warnings)
+    if preflight is not None:
+        preflight()  # doctor, against the hostfile just written
+    run_id = new_run_id("smoke")
+    zero_arg = ",".join(str(s) for s in stages)
+    program = ["smoke_job.py", "--zero", zero_arg, "--steps", str(steps)]
+    program += ["--report", "report.json", "--dist-timeout", str(dist_timeout)]
+    program += ["--launch-time", LAUNCH_TIME, "--p2p-mb", f"{p2p_mb:g}"]
+    # NVMe offload swaps to node-local scratch, one directory per run (the job removes it).
+    nvme_dir = f"{paths.scratch_dir}/smoke-nvme/{run_id}"
+    if ds_config is not None:
+        program += ["--ds-config", "ds_config.json", "--nvme-dir", nvme_dir]
+        program += ["--checkpoint-dir", f"{paths.checkpoint_dir}/{run_id}"]
+    elif offload != "none":
+        program += ["--offload", offload, "--nvme-dir", nvme_dir]
+    plan = plan_for(
+        inv, files, launcher=launcher, run_id=run_id, program=program, master_port=master_port
+    )
+    what = (
+        f"config {ds_config}"
+        if ds_config is not None
+        else f"ZeRO-{zero_arg}{'' if offload == 'none' else ' offload ' + offload}"
+    )
+    console.print(
+        f"smoke: {len(files.facts)} nodes, {files.world_size} ranks, {what}, "
+        f"launcher {launcher}, head {inv.head}, run {run_id}",
+        markup=False,
+        highlight=False,
+    )
+    result = run_job(
+        inv,
+        plan,
+        stage_files=staged,
+        fetch=["report.json"],
+        timeout=timeout,
+        console=console,
+        playbook="smoke.yml",
+    )
+    report: dict[str, Any]
+    if "report.json" in result.fetched:
+        report = json.loads(result.fetched["report.json"])
+    else:
+        report = {"ok": False, "checks": {"report_written": False}, "ranks": []}
+    if report.get("world_size") not in (None, files.world_size):
+        report["ok"] = False  # fewer ranks joined than the hostfile has slots
+    report["run_id"] = run_id
+    report["launcher"] = launcher
+    report["hostfile"] = files.hostfile.read_text().splitlines()
+    report["expected_world_size"] = files.world_size
+    report["launcher_rc"] = result.rc
+    report["launcher_log"] = str(result.log_path)
+    report["straggler_factor"] = straggler_factor
+    report["stragglers"] = [s.as_dict() for s in report_stragglers(report, straggler_factor)]
+    if result.log_lines:
+        report["launcher_log_tail"] = result.log_lines[-40:]
+        report["lost_nodes"] = lost_nodes(result.log_lines, plan.rank_hosts)
+    reports = inv.directory / "reports"
+    out = reports / f"{run_id}.json"
+    if report.get("ranks") or (report.get("p2p") or {}).get("hosts"):
+        from .figure import write_png  # noqa: PLC0415 - matplotlib only when drawing
+
+        png = reports / f"{run_id}.png"
+        write_png(report, png, reports / "smoke-latest.png")
+        report["png"] = str(png)
+    atomic_write(out, json.dumps(report, indent=2, sort_keys=True) + "\n")
+    atomic_write(reports / "smoke-latest.json", out.read_text())
+    if not report.get("ok") or result.rc != 0:
+        raise DsclusterError(_failure_line(report, result.playbook.failures, out))
+    return report, out
+
+
+def _checked_ds_config(path: pathlib.Path) -> pathlib.Path:
+    """The --ds-config file, read and checked enough to fail here rather than on every rank."""
+    try:
+        config = json.loads(path.read_text())
+    except OSError as exc:
+        raise DsclusterError(
+            f"--ds-config {path}: {exc.strerror}; write one with 'dscluster dsconfig'"
+        ) from exc
+    except json.JSONDecodeError as exc:
+        raise DsclusterError(
+            f"--ds-config {path} is not JSON ({exc}); write one with 'dscluster dsconfig'"
+        ) from exc
+    if not isinstance(config, dict) or not isinstance(config.get("zero_optimization", {}), dict):
+        raise DsclusterError(
+            f"--ds-config {path} is not a DeepSpeed config; write one with 'dscluster dsconfig'"
+        )
+    return path
+
+
+def _rank_list(ranks: Sequence[Mapping[str, Any]]) -> str:
+    return ", ".join(f"{r['rank']}@{r['host']}" for r in ranks)
+
+
+def _failure_line(
+    report: dict[str, Any], failures: list[tuple[str, str, str]], out: pathlib.Path
+) -> str:
+    failed_configs = [c for c in report.get("configs", []) if c.get("status") == "failed"]
+    if failed_configs:
+        parts = []
+        for config in failed_configs:
+            failed = [name for name, ok in config.get("checks", {}).items() if not ok]
+            bad = [r for r in config.get("ranks", []) if not r.get("loss_decreased")]
+            where = f" (ranks {_rank_list(bad)})" if bad else ""
+            parts.append(f"{config['name']}: {', '.join(failed)}{where}")
+        return f"smoke job ran but failed {'; '.join(parts)}; report: {out}"
+    checks = report.get("checks", {})
+    failed = [name for name, ok in checks.items() if not ok]
+    ranks = report.get("ranks", [])
+    if failed and ranks:
+        bad = [r for r in ranks if not r.get("loss_decreased")]
+        where = f" (ranks {_rank_list(bad)})" if bad else ""
+        return f"smoke job ran but failed {', '.join(failed)}{where}; report: {out}"
+    lost = report.get("lost_nodes") or {}
+    if lost:
+        who = "; ".join(f"{host}: {why}" for host, why in lost.items())
+        return f"smoke job failed, lost node(s) {', '.join(lost)} ({who}); report: {out}"
+    tail = " ".join(report.get("launcher_log_tail", [])[-3:])[-300:]
+    if failures:
+        host, task, msg = failures[0]
+        return f"smoke job failed: {task} on {host}: {msg[:200]} {tail}; report: {out}"
+    return f"smoke job failed: {tail or 'no report written'}; report: {out}"
