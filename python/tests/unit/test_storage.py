@@ -62,6 +62,8 @@ def cluster_vars(variables: dict) -> dict:
 
 
 def render_role_default(role: str, name: str, variables: dict) -> str:
+    if name in variables:  # the inventory's value beats any role default
+        return str(variables[name])
     defaults = yaml.safe_load(rolefiles.path(role, "defaults/main.yml").read_text())
     return str(_render(str(defaults[name]), cluster_vars(variables)))
 
