@@ -35,11 +35,10 @@ CLONE = HERE.parent
 COLLECTION = PACKAGE / "_collection"
 DOCKER = PACKAGE / "_docker"
 SOURCE_TREE = PACKAGE / "_source_tree"
-# ansible-galaxy's own always-ignored names (ansible.galaxy.collection._build_files_manifest).
-GALAXY_IGNORES = ("galaxy.yml", "galaxy.yaml", ".git", "*.pyc", "*.retry", "tests/output",
-                  "*.tar.gz", "__pycache__")  # fmt: skip
-# Never shipped, whatever galaxy.yml says: the client itself, its venv, caches.
-NEVER = (".venv", "python", ".cache", "*.egg-info", "inventories/*")
+# ansible-galaxy's own always-ignored paths (ansible.galaxy.collection's files manifest walk);
+# like it, every pattern is matched with fnmatch against the path relative to the root.
+GALAXY_IGNORES = ("MANIFEST.json", "FILES.json", "galaxy.yml", "galaxy.yaml", ".git", "*.pyc",
+                  "*.retry", "tests/output", "*-*-*.tar.gz")  # fmt: skip
 DOCKER_FILES = ("node", "base-image.sh", "ensure-engine.sh")
 
 
@@ -48,13 +47,12 @@ def _from_clone() -> bool:
 
 
 def _ignored(rel: str, patterns: list[str]) -> bool:
-    name = rel.rsplit("/", 1)[-1]
-    return any(fnmatch.fnmatch(rel, p) or fnmatch.fnmatch(name, p) for p in patterns)
+    return any(fnmatch.fnmatch(rel, p) for p in patterns)
 
 
 def _copy_collection() -> None:
     galaxy = yaml.safe_load((CLONE / "galaxy.yml").read_text(encoding="utf-8"))
-    patterns = [*GALAXY_IGNORES, *NEVER, *(galaxy.get("build_ignore") or [])]
+    patterns = [*GALAXY_IGNORES, *(galaxy.get("build_ignore") or [])]
     dest = COLLECTION / "ansible_collections" / galaxy["namespace"] / galaxy["name"]
     shutil.rmtree(COLLECTION, ignore_errors=True)
     for dirpath, dirnames, filenames in os.walk(CLONE):
