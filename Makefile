@@ -79,9 +79,10 @@ down: venv ## Remove the local cluster (containers, network, volume, inventory, 
 	$(DSC) local down --name local
 
 .PHONY: lint
-lint: venv ## ruff, yamllint, ansible-lint (production), argument_specs vs defaults
+lint: venv ## ruff, mypy, yamllint, ansible-lint (production), argument_specs vs defaults
 	$(BIN)/ruff check python
 	$(BIN)/ruff format --check python
+	cd python && ../$(BIN)/mypy
 	$(BIN)/ruff check --config python/pyproject.toml $(ROLE_PY)
 	$(BIN)/ruff format --config python/pyproject.toml --check $(ROLE_PY)
 	$(BIN)/yamllint -s .

@@ -18,7 +18,7 @@ import sys
 import time
 
 import yaml
-from dscluster import slurm, static
+from dscluster.sources import slurm, static
 from dscluster.hostfile import render_hostfile
 
 NODELIST = "gpu-[00001-06000],cpu[1-3000,3005-4004],hpc-r[1-2]n[098-101],x[7-9]"

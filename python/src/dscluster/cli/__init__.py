@@ -8,6 +8,7 @@ defined once in flags.py; the domain modules take plain arguments, never a Names
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -34,6 +35,12 @@ class _Version(argparse.Action):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dscluster", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action=_Version, nargs=0, help="print the versions and exit")
+    parser.add_argument(
+        "--home",
+        metavar="DIR",
+        help="where inventories/<name>/ live (default: $DSCLUSTER_HOME, else the working "
+        "directory); caches go to $DSCLUSTER_CACHE, else $XDG_CACHE_HOME/dscluster",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     # In the order `dscluster --help` lists them.
     for group in (local, provision, smoke, launch, inventory, aws, sbatch, doctor, dsconfig):
@@ -45,6 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     flags.check_required(args)
+    if args.home:
+        # paths.home() reads it; set before any command resolves an inventory name.
+        os.environ["DSCLUSTER_HOME"] = os.path.abspath(os.path.expanduser(args.home))
     out = Console(soft_wrap=True)
     err = Console(stderr=True, soft_wrap=True)
     try:

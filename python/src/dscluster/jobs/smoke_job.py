@@ -28,6 +28,7 @@ import shutil
 import socket
 import sys
 import time
+from typing import Any
 
 STAGES = (0, 1, 2, 3)
 OFFLOADS = ("none", "cpu", "nvme")
@@ -491,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     installed_ops = dict(info.installed_ops)
 
     # Who runs where, and (for NVMe offload) whether each node can use async_io.
-    me = {"host": host}
+    me: dict[str, Any] = {"host": host}
     if args.offload == "nvme":
         me["aio"] = async_io_state(accel, installed_ops, info.accelerator_name)
     everyone: list[dict | None] = [None] * world
