@@ -112,3 +112,35 @@ def test_slots_spellings_are_one_option(flag: str):
     for argv in (["local", "up"], ["inventory", "static", "--hosts", "a"],
                  ["inventory", "aws", "--cluster", "c"], ["inventory", "slurm"]):  # fmt: skip
         assert parser.parse_args([*argv, flag, "3"]).slots == 3, argv
+
+
+def test_version_names_the_client_and_its_collection(tmp_path: pathlib.Path):
+    """Both lines on stdout; the collection found through DSCLUSTER_COLLECTION, else a line
+    that says none was found (and how to get one) instead of a traceback."""
+    from dscluster import __version__  # noqa: PLC0415
+
+    proc = run_cli("--version")
+    assert proc.returncode == 0, proc.stderr
+    first, second = proc.stdout.splitlines()
+    assert first == f"dscluster {__version__}"
+    assert second.startswith("dscluster.cluster ") and " at " in second
+    env = {"DSCLUSTER_COLLECTION": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    bad = subprocess.run(
+        [sys.executable, "-m", "dscluster", "--version"],
+        capture_output=True, text=True, check=False, env=env,
+    )  # fmt: skip
+    assert bad.returncode == 0, bad.stderr
+    assert f"DSCLUSTER_COLLECTION={tmp_path} holds no dscluster collection" in bad.stdout
+
+
+def test_home_puts_inventories_under_it(tmp_path: pathlib.Path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "dscluster", "--home", str(tmp_path / "h"), "inventory", "static",
+         "--hosts", "a,b:2", "--name", "lab"],
+        capture_output=True, text=True, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        tmp_path / "h" / "inventories" / "lab" / "hostfile"
+    ).read_text() == "a slots=1\nb slots=2\n"
+    assert not (tmp_path / "inventories").exists()

@@ -29,7 +29,8 @@ class _Version(argparse.Action):
             where = f"{paths.FQCN} {paths.collection_version()} at {paths.collection_root()}"
         except DsclusterError as exc:
             where = f"no collection: {exc}"
-        parser.exit(message=f"dscluster {__version__}\n{where}\n")
+        print(f"dscluster {__version__}\n{where}")  # stdout, as argparse's own version action
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
