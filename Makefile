@@ -109,8 +109,19 @@ dist: venv ## Build the sdist, the wheel from it (both carry the collection) and
 	@ls -1 dist
 
 .PHONY: molecule
-molecule: images ## The three molecule scenarios, two at a time (each one's output printed when it ends)
-	@$(MAKE) --no-print-directory -j2 --output-sync=target molecule-cluster molecule-accelerators molecule-storage
+molecule: images ## The project and role molecule scenarios, two at a time (each one's output printed when it ends)
+	@$(MAKE) --no-print-directory -j2 --output-sync=target molecule-cluster molecule-accelerators molecule-storage molecule-roles
+
+# Roles that run alone have roles/<role>/molecule/default (on .config/molecule/config.yml).
+MOLECULE_ROLES := $(patsubst roles/%/molecule/default/molecule.yml,%,$(wildcard roles/*/molecule/default/molecule.yml))
+
+.PHONY: molecule-roles
+molecule-roles: images ## Role scenarios, one after the other (roles/<role>/molecule/default: apt_repository, doctor, slurm)
+	@for role in $(MOLECULE_ROLES); do $(MAKE) --no-print-directory molecule-role-$$role || exit 1; done
+
+molecule-role-%: images
+	img=$$($(DSC) image) && cd roles/$* && DSCLUSTER_NODE_IMAGE=$$img $(NICE) $(CURDIR)/$(BIN)/molecule test; \
+	  rc=$$?; docker volume rm -f dsc-$*-shared >/dev/null 2>&1; exit $$rc
 
 .PHONY: molecule-cluster
 molecule-cluster: images ## molecule test -s cluster (head + 1 worker, converge = site.yml)
@@ -138,14 +149,16 @@ training-image: venv engine ## Multi-node training image from a wheelhouse (VARI
 	bash docker/training/build.sh $(or $(VARIANT),cpu) $(WHEELHOUSE)
 
 .PHONY: test
-test: lint images ## Everything: lint, then unit + installed, the molecule scenarios, and e2e side by side
+test: lint images ## Everything: lint, then three lanes side by side (each one's output printed when it ends)
 	@$(MAKE) --no-print-directory -j3 --output-sync=target unit-installed molecule-serial e2e NICE="nice -n 10"
 
-# The unit tests, then the installed-package test (a venv, a 2-node cluster): one lane.
+# Lane 1: the unit tests, the installed-package test (a venv, a 2-node cluster), the role
+# scenarios. Lane 2 (molecule-serial): the project scenarios. Lane 3: e2e.
 .PHONY: unit-installed
 unit-installed: images
 	@$(MAKE) --no-print-directory unit
 	@$(MAKE) --no-print-directory installed
+	@$(MAKE) --no-print-directory molecule-roles
 
 # The scenarios one after the other: beside e2e, two converges at once slow e2e's own.
 .PHONY: molecule-serial

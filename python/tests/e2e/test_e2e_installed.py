@@ -132,14 +132,21 @@ def test_the_wheel_ships_what_ansible_galaxy_builds(installed: dict):
     site = installed["venv"] / "lib"
     shipped = next(site.glob("python3*/site-packages/dscluster/_collection/ansible_collections"))
     root = shipped / "dscluster" / "cluster"
-    in_wheel = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+    # pip byte-compiles what it installs: __pycache__ is pip's, not the wheel's.
+    in_wheel = {
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
     with tarfile.open(installed["tarball"]) as tar:
         in_tarball = {m.name for m in tar.getmembers() if m.isfile()}
     in_wheel -= {"galaxy.yml"}  # the source form's metadata; the tarball has MANIFEST.json
     in_tarball -= {"MANIFEST.json", "FILES.json"}
     assert in_wheel == in_tarball, (sorted(in_wheel - in_tarball), sorted(in_tarball - in_wheel))
     assert "inventories/sample/hosts.yml" in in_tarball
-    assert not [p for p in in_tarball if p.startswith(("python/", "molecule/", "docker/"))]
+    assert not [
+        p for p in in_tarball if p.startswith(("python/", "molecule/", "docker/", ".ansible/"))
+    ]
 
 
 def test_inventory_static_from_an_empty_directory(installed: dict):
