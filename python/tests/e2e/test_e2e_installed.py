@@ -89,8 +89,11 @@ def installed(tmp_path_factory) -> dict:
     collections = top / "collections"
     # --no-deps: the collections it depends on come with the `ansible` package (and Galaxy
     # is out of reach here); requirements.yml lists them for installs without that package.
+    # --force: ansible-galaxy installs nothing when any configured path already has this
+    # version (molecule's prerun puts one in ~/.ansible/collections), and the test below
+    # proves the playbook runs from this path.
     coll = run(
-        [venv / "bin" / "ansible-galaxy", "collection", "install", "--no-deps",
+        [venv / "bin" / "ansible-galaxy", "collection", "install", "--no-deps", "--force",
          "-p", collections, tarball],
         cwd=top, env=env, timeout=300,
     )  # fmt: skip
