@@ -144,3 +144,17 @@ def test_home_puts_inventories_under_it(tmp_path: pathlib.Path):
         tmp_path / "h" / "inventories" / "lab" / "hostfile"
     ).read_text() == "a slots=1\nb slots=2\n"
     assert not (tmp_path / "inventories").exists()
+
+
+@pytest.mark.parametrize("home", ["", "  ", "/etc/hostname", "/etc/hostname/sub"])
+def test_bad_home_is_one_line_and_writes_nothing(tmp_path: pathlib.Path, home: str):
+    proc = subprocess.run(
+        [sys.executable, "-m", "dscluster", "--home", home, "inventory", "static",
+         "--hosts", "a", "--name", "lab"],
+        capture_output=True, text=True, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dscluster: error: --home"), proc.stderr
+    assert "give a directory" in lines[0]
+    assert list(tmp_path.iterdir()) == []

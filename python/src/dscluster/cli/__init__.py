@@ -33,6 +33,22 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+def _check_home(value: str) -> str:
+    """--home: a directory, or a path whose nearest existing part is one (it is created)."""
+    if not value.strip():
+        raise DsclusterError("--home is empty; give a directory, e.g. --home ~/clusters")
+    path = os.path.abspath(os.path.expanduser(value))
+    probe = path
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise DsclusterError(
+            f"--home {value}: {probe} is not a directory; give a directory "
+            "(a missing one is created)"
+        )
+    return path
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dscluster", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action=_Version, nargs=0, help="print the versions and exit")
@@ -53,9 +69,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     flags.check_required(args)
-    if args.home:
+    if args.home is not None:
+        try:
+            home = _check_home(args.home)
+        except DsclusterError as exc:
+            print(f"dscluster: error: {exc}", file=sys.stderr)
+            return 2
         # paths.home() reads it; set before any command resolves an inventory name.
-        os.environ["DSCLUSTER_HOME"] = os.path.abspath(os.path.expanduser(args.home))
+        os.environ["DSCLUSTER_HOME"] = home
     out = Console(soft_wrap=True)
     err = Console(stderr=True, soft_wrap=True)
     try:
