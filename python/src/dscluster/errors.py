@@ -1,5 +1,76 @@
-"""The one exception type of dscluster: a message a user can act on, printed as one line."""
+"""The one exception type of dscluster, and what happens to any other (a bug).
+
+A `DsclusterError` is a problem the user can fix: `main` prints its message as one plain
+line (`dscluster: error: ...`) and exits non-zero. Anything else reaching `main` is a bug in
+dscluster: `bug_report` writes the traceback to a file under the cache and `main` prints one
+line naming that file; `DSCLUSTER_DEBUG=1` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import pathlib
+import platform
+import sys
+import traceback
+from collections.abc import Sequence
+
+DEBUG_ENV = "DSCLUSTER_DEBUG"
 
 
 class DsclusterError(Exception):
     """A problem the user can fix; the message names it and says what to do."""
+
+
+def one_line(text: str) -> str:
+    """A message as one line: inner newlines folded, no ANSI escapes, no trailing blanks."""
+    text = "".join(ch for ch in _strip_ansi(text) if ch in {"\n", "\t"} or ch >= " ")
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def _strip_ansi(text: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        if text[i] == "\x1b":
+            j = i + 1
+            if j < len(text) and text[j] == "[":
+                j += 1
+                while j < len(text) and not ("@" <= text[j] <= "~"):
+                    j += 1
+            i = j + 1
+            continue
+        out.append(text[i])
+        i += 1
+    return "".join(out)
+
+
+def debug() -> bool:
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0", "false", "no")
+
+
+def bug_report(exc: BaseException, argv: Sequence[str]) -> pathlib.Path | None:
+    """Write the traceback of an unexpected exception to a file; its path, or None."""
+    from . import __version__  # noqa: PLC0415
+
+    base = os.environ.get("DSCLUSTER_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dscluster"
+    )
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+    path = pathlib.Path(base) / "bug-reports" / f"{stamp}-{os.getpid()}.txt"
+    text = (
+        f"dscluster {__version__}, Python {platform.python_version()} on {platform.platform()}\n"
+        f"argv: {list(argv)!r}\n\n"
+        + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError:
+        return None
+    return path
+
+
+def print_error(message: str) -> None:
+    print(f"dscluster: error: {one_line(message)}", file=sys.stderr)

@@ -2,31 +2,143 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from .errors import DsclusterError
 
 
-def atomic_write(path: pathlib.Path, text: str, mode: int = 0o644) -> None:
-    """Write text to path so that readers see the old file or the whole new one, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+def atomic_write(path: pathlib.Path, text: str | bytes, mode: int = 0o644) -> None:
+    """Write one file so that readers see the old file or the whole new one, never half."""
+    write_files({path: text}, modes={path: mode})
+
+
+def _missing_parents(path: pathlib.Path) -> list[pathlib.Path]:
+    """The ancestors of path that do not exist yet, outermost first."""
+    missing: list[pathlib.Path] = []
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        missing.append(parent)
+        parent = parent.parent
+    return list(reversed(missing))
+
+
+def _cannot_write(path: pathlib.Path, exc: OSError) -> DsclusterError:
+    reason = exc.strerror or type(exc).__name__
+    if isinstance(exc, IsADirectoryError) or path.is_dir():
+        return DsclusterError(f"cannot write {path}: it is a directory; give a file path")
+    if isinstance(exc, NotADirectoryError | FileExistsError):
+        return DsclusterError(
+            f"cannot write {path}: a part of that path is a file, not a directory; "
+            "choose another path"
+        )
+    return DsclusterError(
+        f"cannot write {path}: {reason}; choose a writable place or fix its permissions"
+    )
+
+
+def _check_targets(targets: Sequence[pathlib.Path]) -> None:
+    for path in targets:
+        if path.is_dir():
+            raise DsclusterError(f"cannot write {path}: it is a directory; give a file path")
+        for parent in path.parents:
+            if parent.exists() and not parent.is_dir():
+                raise DsclusterError(
+                    f"cannot write {path}: {parent} is a file, not a directory; choose another path"
+                )
+
+
+class _Transaction:
+    """Staged files, backups of the files they replace, directories made: what to undo."""
+
+    def __init__(self) -> None:
+        self.made_dirs: list[pathlib.Path] = []
+        self.staged: dict[pathlib.Path, str] = {}
+        self.backups: dict[pathlib.Path, str] = {}
+        self.replaced: list[pathlib.Path] = []
+        self.current = pathlib.Path()
+
+    def stage(self, path: pathlib.Path, content: str | bytes, mode: int) -> None:
+        self.current = path
+        for parent in _missing_parents(path):
+            parent.mkdir()
+            self.made_dirs.append(parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".new", dir=path.parent)
+        self.staged[path] = tmp
+        data = content.encode("utf-8") if isinstance(content, str) else content
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
+
+    def keep_old(self, path: pathlib.Path) -> None:
+        self.current = path
+        if not path.exists():
+            return
+        backup = tempfile.mktemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent)
+        try:
+            os.link(path, backup)
+        except OSError:  # a file system without hard links
+            shutil.copy2(path, backup)
+        self.backups[path] = backup
+
+    def replace(self, path: pathlib.Path) -> None:
+        self.current = path
+        os.replace(self.staged.pop(path), path)
+        self.replaced.append(path)
+
+    def rollback(self) -> None:
+        for path in reversed(self.replaced):
+            if path in self.backups:
+                os.replace(self.backups.pop(path), path)
+            else:
+                path.unlink(missing_ok=True)
+        self.cleanup()
+        for directory in reversed(self.made_dirs):
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+
+    def cleanup(self) -> None:
+        for leftover in [*self.staged.values(), *self.backups.values()]:
+            pathlib.Path(leftover).unlink(missing_ok=True)
+
+
+def write_files(
+    files: Mapping[pathlib.Path, str | bytes],
+    *,
+    modes: Mapping[pathlib.Path, int] | None = None,
+) -> None:
+    """Write a set of files as one transaction.
+
+    Every file is staged beside its target first; only when all are staged are they renamed
+    into place. On any failure nothing is left behind: staged files and directories made
+    here are removed and every file that existed before is byte-identical. An OSError
+    becomes a one-line DsclusterError naming the path.
+    """
+    modes = modes or {}
+    targets = [pathlib.Path(p) for p in files]
+    _check_targets(targets)
+    txn = _Transaction()
+    try:
+        for path, content in zip(targets, files.values(), strict=True):
+            txn.stage(path, content, modes.get(path, 0o644))
+        for path in targets:
+            txn.keep_old(path)
+        for path in targets:
+            txn.replace(path)
+    except BaseException as exc:
+        txn.rollback()
+        if isinstance(exc, OSError):
+            raise _cannot_write(txn.current, exc) from exc
         raise
+    txn.cleanup()
 
 
 def print_warnings(console, warnings: Sequence[str]) -> None:

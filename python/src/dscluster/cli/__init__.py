@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from rich.console import Console
 
 from .. import __version__
-from ..errors import DsclusterError
+from ..errors import DsclusterError, bug_report, debug, one_line, print_error
 from . import aws, doctor, dsconfig, flags, inventory, launch, local, provision, sbatch, smoke
 
 
@@ -49,8 +49,21 @@ def _check_home(value: str) -> str:
     return path
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: `dscluster <command>: error: ...; see ... --help`.
+
+    argparse prints the usage block before its message; a user with a typo wants the one
+    line that names the value and where to look. Sub-parsers inherit this class."""
+
+    def error(self, message: str):
+        self.exit(
+            2,
+            f"{self.prog}: error: {one_line(message)}; see '{self.prog} --help'\n",
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dscluster", description=__doc__.splitlines()[0])
+    parser = Parser(prog="dscluster", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action=_Version, nargs=0, help="print the versions and exit")
     parser.add_argument(
         "--home",
@@ -66,27 +79,56 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. Exit 0 on success, 2 on a refused argument (nothing done), 1 on a
+    failure the message explains, 3 on a bug (its traceback saved in a file), 130 on ^C."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(words)
+    except DsclusterError as exc:
+        print_error(str(exc))
+        return 1
+    except KeyboardInterrupt:
+        print("dscluster: interrupted", file=sys.stderr)
+        return 130
+    except SystemExit:
+        raise
+    except Exception as exc:
+        if debug():
+            raise
+        where = bug_report(exc, words)
+        saved = f"the traceback is in {where}" if where else "the traceback could not be saved"
+        print(
+            f"dscluster: internal error (a bug in dscluster, not in your input): "
+            f"{type(exc).__name__}: {one_line(str(exc))[:200]}; {saved}; please report it "
+            f"with that file (DSCLUSTER_DEBUG=1 shows it here)",
+            file=sys.stderr,
+        )
+        return 3
+
+
+def _main(words: list[str]) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(words)
     flags.check_required(args)
     if args.home is not None:
         try:
             home = _check_home(args.home)
         except DsclusterError as exc:
-            print(f"dscluster: error: {exc}", file=sys.stderr)
+            print_error(str(exc))
             return 2
         # paths.home() reads it; set before any command resolves an inventory name.
         os.environ["DSCLUSTER_HOME"] = home
+    check = getattr(args, "check", None)
+    if check is not None:
+        # Every refusal a command can make from its arguments alone, before any side effect.
+        try:
+            check(args)
+        except DsclusterError as exc:
+            print_error(str(exc))
+            return 2
     out = Console(soft_wrap=True)
     err = Console(stderr=True, soft_wrap=True)
-    try:
-        return int(args.func(args, out, err))
-    except DsclusterError as exc:
-        print(f"dscluster: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("dscluster: interrupted", file=sys.stderr)
-        return 130
+    return int(args.func(args, out, err))
 
 
 __all__ = ["build_parser", "main"]

@@ -1,0 +1,219 @@
+"""The checks every command runs on its arguments before any side effect.
+
+Each `*_type` is an argparse `type=`: it turns the text into a value or raises
+`argparse.ArgumentTypeError` with a message naming the value and the fix (the parser prints
+it as one line, exit 2). Checks that need several arguments, or a file's contents, live in
+each command's `check(args)` (cli/*), which `main` calls after parsing and before the command
+runs: nothing is written, no playbook, Docker or AWS call happens before a refusal.
+
+Names and patterns are matched with `fullmatch` (a regex `$` also matches before a final
+newline, so `re.match('^x$', 'x\\n')` passes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import pathlib
+import re
+from collections.abc import Callable
+
+from .errors import DsclusterError
+
+# A name dscluster turns into a directory, a container or network name and an SSH key
+# comment: inventory names, cluster names, local cluster names.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+# Ansible's own group names and dscluster's groups: a host or inventory called so would be
+# read as the group.
+RESERVED_NAMES = frozenset({"all", "ungrouped", "head", "workers", "storage", "localhost"})
+
+MAX_PORT = 65535
+MAX_SLOTS = 1024  # per node: more than any machine has accelerators or sensible CPU ranks
+MAX_NODES = 4096
+MAX_SECONDS = 7 * 24 * 3600
+MAX_STEPS = 10_000_000
+
+
+def _fail(message: str) -> argparse.ArgumentTypeError:
+    return argparse.ArgumentTypeError(message)
+
+
+def _int(text: str, what: str, example: str) -> int:
+    raw = str(text).strip()
+    if not re.fullmatch(r"[+-]?[0-9]+", raw):
+        raise _fail(f"{text!r} is not a whole number; give {what}, e.g. {example}")
+    return int(raw)
+
+
+def port_type(text: str) -> int:
+    """A TCP port, 1-65535."""
+    value = _int(text, "a port number 1-65535", "29500")
+    if not 1 <= value <= MAX_PORT:
+        raise _fail(f"{text!r} is not a port; give a number from 1 to {MAX_PORT}, e.g. 29500")
+    return value
+
+
+def count_type(lo: int, hi: int, what: str, example: int) -> Callable[[str], int]:
+    """A whole number from lo to hi."""
+
+    def parse(text: str) -> int:
+        value = _int(text, f"{what} from {lo} to {hi}", str(example))
+        if not lo <= value <= hi:
+            raise _fail(f"{text!r} is out of range; give {what} from {lo} to {hi}, e.g. {example}")
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
+def seconds_type(what: str = "seconds", hi: int = MAX_SECONDS) -> Callable[[str], int]:
+    return count_type(1, hi, what, 600)
+
+
+def real_type(
+    lo: float, hi: float, what: str, example: str, *, lo_open: bool = False
+) -> Callable[[str], float]:
+    """A finite number in [lo, hi] (or (lo, hi] with lo_open)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(str(text).strip())
+        except ValueError:
+            raise _fail(f"{text!r} is not a number; give {what}, e.g. {example}") from None
+        low_ok = value > lo if lo_open else value >= lo
+        if not math.isfinite(value) or not low_ok or value > hi:
+            bound = f"above {lo:g}" if lo_open else f"from {lo:g}"
+            raise _fail(f"{text!r} is out of range; give {what} {bound} to {hi:g}, e.g. {example}")
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
+def check_name(value: str, what: str) -> str:
+    """A name that becomes a directory / container / key comment: full match, not reserved."""
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
+        raise DsclusterError(
+            f"{what} {value!r} is not a usable name; use 1-63 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (e.g. demo)"
+        )
+    if value.lower() in RESERVED_NAMES:
+        raise DsclusterError(
+            f"{what} {value!r} is reserved (an Ansible or dscluster group name); pick another, "
+            "e.g. demo"
+        )
+    return value
+
+
+def name_type(what: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        try:
+            return check_name(text, what)
+        except DsclusterError as exc:
+            raise _fail(str(exc)) from None
+
+    parse.__name__ = what
+    return parse
+
+
+def existing_file_type(what: str) -> Callable[[str], pathlib.Path]:
+    """A file that exists and can be read."""
+
+    def parse(text: str) -> pathlib.Path:
+        if not str(text).strip():
+            raise _fail(f"the {what} path is empty; give a file")
+        path = pathlib.Path(text).expanduser()
+        if not path.exists():
+            raise _fail(f"{what} {text} does not exist; give an existing file")
+        if not path.is_file():
+            raise _fail(f"{what} {text} is not a file; give a file")
+        if not os.access(path, os.R_OK):
+            raise _fail(f"{what} {text} cannot be read; fix its permissions")
+        return path
+
+    parse.__name__ = what
+    return parse
+
+
+def _nearest_existing(path: pathlib.Path) -> pathlib.Path:
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return probe
+
+
+def out_file_type(what: str = "output file") -> Callable[[str], pathlib.Path]:
+    """A file dscluster may write: not a directory, under a directory (made when missing)."""
+
+    def parse(text: str) -> pathlib.Path:
+        try:
+            return check_out_file(text, what)
+        except DsclusterError as exc:
+            raise _fail(str(exc)) from None
+
+    parse.__name__ = what
+    return parse
+
+
+def check_out_file(text: str | os.PathLike[str], what: str = "output file") -> pathlib.Path:
+    raw = os.fspath(text)
+    if not raw.strip() or "\n" in raw or "\x00" in raw:
+        raise DsclusterError(f"the {what} path {raw!r} is empty or not one line; give a file")
+    path = pathlib.Path(raw).expanduser()
+    if path.is_dir() or raw.endswith("/"):
+        raise DsclusterError(f"{what} {raw} is a directory; give a file path, e.g. {raw}/out.json")
+    probe = _nearest_existing(path.parent)
+    if not probe.is_dir():
+        raise DsclusterError(
+            f"{what} {raw}: {probe} is a file, not a directory; choose another path"
+        )
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise DsclusterError(f"{what} {raw}: {probe} is not writable; choose a writable place")
+    return path
+
+
+def check_out_dir(text: str | os.PathLike[str], what: str = "output directory") -> pathlib.Path:
+    """A directory dscluster writes files into (made when missing); not an existing file."""
+    raw = os.fspath(text)
+    if not raw.strip() or "\n" in raw or "\x00" in raw:
+        raise DsclusterError(f"the {what} {raw!r} is empty or not one line; give a directory")
+    path = pathlib.Path(raw).expanduser()
+    if path.exists() and not path.is_dir():
+        raise DsclusterError(f"{what} {raw} is a file; give a directory (it is made when missing)")
+    probe = _nearest_existing(path)
+    if not probe.is_dir():
+        raise DsclusterError(
+            f"{what} {raw}: {probe} is a file, not a directory; choose another path"
+        )
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise DsclusterError(f"{what} {raw}: {probe} is not writable; choose a writable place")
+    return path
+
+
+def out_dir_type(what: str = "output directory") -> Callable[[str], pathlib.Path]:
+    def parse(text: str) -> pathlib.Path:
+        try:
+            return check_out_dir(text, what)
+        except DsclusterError as exc:
+            raise _fail(str(exc)) from None
+
+    parse.__name__ = what
+    return parse
+
+
+def read_text(path: pathlib.Path, what: str) -> str:
+    """A text file as UTF-8; unreadable or non-UTF-8 becomes one line naming the file."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise DsclusterError(
+            f"{what} {path} is not UTF-8 text (bad byte at line {line}); save it as UTF-8"
+        ) from None
+    except IsADirectoryError:
+        raise DsclusterError(f"{what} {path} is a directory; give a file") from None
+    except FileNotFoundError:
+        raise DsclusterError(f"{what} {path} does not exist; give an existing file") from None
+    except OSError as exc:
+        raise DsclusterError(f"cannot read {what} {path}: {exc.strerror}; fix it") from None
