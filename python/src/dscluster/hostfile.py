@@ -135,7 +135,7 @@ def render_hostfile(entries: Iterable[tuple[str, int]]) -> str:
     seen: set[str] = set()
     lines = []
     for host, slots in entries:
-        if not HOSTNAME_RE.match(host):
+        if not HOSTNAME_RE.fullmatch(host):
             raise DsclusterError(
                 f"host name {host!r} cannot go in a DeepSpeed hostfile or a pdsh -w list; "
                 "rename it in the inventory (letters, digits, '.', '_', '-')"

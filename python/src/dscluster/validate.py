@@ -21,13 +21,6 @@ from collections.abc import Callable
 
 from .errors import DsclusterError
 
-# A name dscluster turns into a directory, a container or network name and an SSH key
-# comment: inventory names, cluster names, local cluster names.
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
-# Ansible's own group names and dscluster's groups: a host or inventory called so would be
-# read as the group.
-RESERVED_NAMES = frozenset({"all", "ungrouped", "head", "workers", "storage", "localhost"})
-
 MAX_PORT = 65535
 MAX_SLOTS = 1024  # per node: more than any machine has accelerators or sensible CPU ranks
 MAX_NODES = 4096
@@ -91,29 +84,17 @@ def real_type(
     return parse
 
 
-def check_name(value: str, what: str) -> str:
-    """A name that becomes a directory / container / key comment: full match, not reserved."""
-    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
-        raise DsclusterError(
-            f"{what} {value!r} is not a usable name; use 1-63 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit (e.g. demo)"
-        )
-    if value.lower() in RESERVED_NAMES:
-        raise DsclusterError(
-            f"{what} {value!r} is reserved (an Ansible or dscluster group name); pick another, "
-            "e.g. demo"
-        )
-    return value
+def name_type(check: Callable[[str], None]) -> Callable[[str], str]:
+    """An argparse type from one of sources/names.py's checks."""
 
-
-def name_type(what: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         try:
-            return check_name(text, what)
+            check(text)
         except DsclusterError as exc:
             raise _fail(str(exc)) from None
+        return text
 
-    parse.__name__ = what
+    parse.__name__ = check.__name__
     return parse
 
 

@@ -351,7 +351,7 @@ def host_names(instances: list[dict[str, Any]]) -> dict[str, str]:
         if dns:
             candidates.append(dns)
         candidates.append(iid)
-        name = next(c for c in candidates if HOSTNAME_RE.match(c) and c not in taken)
+        name = next(c for c in candidates if HOSTNAME_RE.fullmatch(c) and c not in taken)
         taken.add(name)
         result[iid] = name
     return result

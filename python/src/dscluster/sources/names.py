@@ -1,8 +1,11 @@
 """The naming rules every source follows, in one place.
 
-- a host name (inventory host, hostfile line, pdsh list): HOSTNAME_RE;
+- a host name (inventory host, hostfile line, pdsh list): HOSTNAME_RE, not a reserved name;
 - a cluster name that becomes Docker objects or an EC2 tag (local, aws): CLUSTER_NAME_RE;
 - an inventory name, a directory under inventories/ (static, slurm): INVENTORY_NAME_RE.
+
+Every rule is a full-string match (`fullmatch`): a regex `$` also matches before a final
+newline, so `re.match('^x$', 'x\\n')` would let a name with a newline through.
 """
 
 from __future__ import annotations
@@ -11,22 +14,45 @@ import re
 
 from ..errors import DsclusterError
 
-HOSTNAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
-CLUSTER_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
-INVENTORY_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+HOSTNAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+CLUSTER_NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,30}")
+INVENTORY_NAME_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+# Ansible's own group names and dscluster's groups: a host or an inventory called so would be
+# read as the group (`all` in a pdsh list or an Ansible --limit means every host).
+RESERVED_NAMES = frozenset({"all", "ungrouped", "head", "workers", "storage", "localhost"})
+
+
+def _reserved(name: str, what: str) -> None:
+    if name.lower() in RESERVED_NAMES:
+        raise DsclusterError(
+            f"{what} {name!r} is reserved (an Ansible or dscluster group name); pick another, "
+            "e.g. demo"
+        )
 
 
 def check_cluster_name(name: str) -> None:
-    if not CLUSTER_NAME_RE.match(name):
+    if not isinstance(name, str) or not CLUSTER_NAME_RE.fullmatch(name):
         raise DsclusterError(
             f"cluster name {name!r} is not usable; use lowercase letters, digits and '-', "
-            "starting with a letter, at most 31 characters"
+            "starting with a letter, at most 31 characters (e.g. demo)"
         )
+    _reserved(name, "cluster name")
 
 
 def check_inventory_name(name: str) -> None:
-    if not INVENTORY_NAME_RE.match(name):
+    if not isinstance(name, str) or not INVENTORY_NAME_RE.fullmatch(name):
         raise DsclusterError(
             f"inventory name {name!r} is not usable; use lowercase letters, digits, '-' and '_', "
-            "starting with a letter"
+            "starting with a letter (e.g. demo)"
         )
+    _reserved(name, "inventory name")
+
+
+def check_host_name(name: str) -> None:
+    if not isinstance(name, str) or not HOSTNAME_RE.fullmatch(name):
+        raise DsclusterError(
+            f"host name {name!r} cannot go in a DeepSpeed hostfile or a pdsh list; use letters, "
+            "digits, '.', '_' or '-', starting with a letter or digit (keep an address in "
+            "ansible_host)"
+        )
+    _reserved(name, "host name")
