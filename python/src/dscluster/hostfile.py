@@ -31,7 +31,7 @@ from .errors import DsclusterError
 from .inventory import Inventory
 from .sources.names import HOSTNAME_RE
 from .storage import inventory_paths
-from .util import atomic_write
+from .util import atomic_write, write_files
 
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # DeepSpeed's MultiNodeRunner.add_export quotes values with any other character in "...",
@@ -284,6 +284,13 @@ class LaunchFiles:
     facts: list[NodeFacts]
     # One line each: environment keys left out of .deepspeed_env because nodes differ.
     warnings: list[str] = dataclasses.field(default_factory=list)
+    # What goes into (or went into) the two files.
+    hostfile_text: str = ""
+    env_text: str = ""
+
+    def write(self) -> None:
+        """Both files as one transaction (util.write_files)."""
+        write_files({self.hostfile: self.hostfile_text, self.env_file: self.env_text})
 
     @property
     def world_size(self) -> int:
@@ -391,8 +398,20 @@ def write_launch_files(
 
     Nodes recorded in degraded.json (or `excluded`, which replaces that record) are left out,
     with a warning naming them. Both files are rendered and validated before either is
-    written: on any error nothing changes.
+    written, then written as one transaction: on any error nothing changes.
     """
+    files = render_launch_files(inv, extra_env, excluded=excluded)
+    files.write()
+    return files
+
+
+def render_launch_files(
+    inv: Inventory,
+    extra_env: Mapping[str, str] | None = None,
+    *,
+    excluded: Mapping[str, object] | None = None,
+) -> LaunchFiles:
+    """What write_launch_files writes, rendered and validated, nothing written."""
     if excluded is None:
         excluded = read_degraded(inv)
     excluded = {h: why for h, why in excluded.items() if h in inv.hosts}
@@ -414,8 +433,11 @@ def write_launch_files(
     env_text = render_env(env)
     if excluded:
         warnings = [degraded_warning(inv, excluded), *warnings]
-    hostfile = inv.directory / "hostfile"
-    env_file = inv.directory / ".deepspeed_env"
-    atomic_write(hostfile, hostfile_text)
-    atomic_write(env_file, env_text)
-    return LaunchFiles(hostfile=hostfile, env_file=env_file, facts=facts, warnings=warnings)
+    return LaunchFiles(
+        hostfile=inv.directory / "hostfile",
+        env_file=inv.directory / ".deepspeed_env",
+        facts=facts,
+        warnings=warnings,
+        hostfile_text=hostfile_text,
+        env_text=env_text,
+    )
