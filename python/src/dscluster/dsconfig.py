@@ -417,5 +417,5 @@ def run_dsconfig(  # noqa: PLR0913 - the dsconfig command's options, each a keyw
             )
         notes += more
     target = out or default_out(inv, zero, offload)
-    atomic_write(target, json.dumps(config, indent=2) + "\n")
+    atomic_write(target, json.dumps(config, indent=2, allow_nan=False) + "\n")
     return target, config, notes

@@ -9,14 +9,107 @@ keeps them out of later hostfiles (hostfile, smoke, launch) until a provision su
 
 from __future__ import annotations
 
+import functools
+import pathlib
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import yaml
 from rich.console import Console
 
+from . import paths
 from .errors import DsclusterError
+from .inventory import Inventory
 from .util import print_warnings
 
 # The playbook that provisions a node completely: only a run of it without --tags that
 # succeeds on a node takes that node out of the degraded record.
 FULL_PLAYBOOK = "site.yml"
+
+
+PLAYBOOK_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\.ya?ml")
+# Tags Ansible itself gives meaning to.
+SPECIAL_TAGS = frozenset({"all", "always", "never", "tagged", "untagged"})
+# Parts of an Ansible host pattern that are not plain host or group names.
+_PATTERN_SPECIAL = re.compile(r"[*?~\[\]]")
+
+
+def playbooks() -> list[str]:
+    return sorted(p.name for p in (paths.collection_root() / "playbooks").glob("*.y*ml"))
+
+
+def check_playbook(name: str) -> None:
+    """--playbook: the name of one of the collection's playbooks, nothing else."""
+    known = playbooks()
+    if not PLAYBOOK_NAME_RE.fullmatch(name) or name not in known:
+        raise DsclusterError(
+            f"--playbook {name!r} is not one of the collection's playbooks; use one of "
+            f"{', '.join(known)} (run your own playbook with ansible-playbook)"
+        )
+
+
+def _tags_in(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "tags":
+                values = [value] if isinstance(value, str) else value
+                for tag in values if isinstance(values, list) else []:
+                    yield from (t.strip() for t in str(tag).split(","))
+            else:
+                yield from _tags_in(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _tags_in(item)
+
+
+@functools.cache
+def known_tags() -> frozenset[str]:
+    """Every tag written in the collection's playbooks and role tasks."""
+    root = paths.collection_root()
+    tags: set[str] = set()
+    files = [*root.glob("playbooks/*.y*ml"), *root.glob("roles/*/tasks/*.y*ml")]
+    for path in files:
+        try:
+            tags.update(_tags_in(yaml.safe_load(path.read_text(encoding="utf-8"))))
+        except (OSError, yaml.YAMLError):
+            continue
+    return frozenset(t for t in tags if t and "{{" not in t)
+
+
+def check_tags(text: str) -> None:
+    """--tags: each tag one the playbooks know (a typo would run nothing, successfully)."""
+    tags = [t.strip() for t in text.split(",")]
+    known = known_tags()
+    for tag in tags:
+        if not tag:
+            raise DsclusterError(
+                f"--tags {text!r} has an empty tag; give tags separated by commas, e.g. "
+                "--tags base,pdsh"
+            )
+        if tag not in known and tag not in SPECIAL_TAGS:
+            close = sorted(k for k in known if k.startswith(tag[:3]))[:5] or sorted(known)[:12]
+            raise DsclusterError(
+                f"--tags {tag!r} is no tag of the playbooks; use one of {', '.join(close)} "
+                "(all: 'grep -h tags: playbooks/*.yml')"
+            )
+
+
+def check_limit(pattern: str, inv: Inventory) -> None:
+    """--limit: every plain host or group name in the pattern is one the inventory has."""
+    if not pattern.strip() or "\n" in pattern:
+        raise DsclusterError(f"--limit {pattern!r} is empty; give hosts or groups, e.g. n1,n2")
+    names = set(inv.groups.get("all", [])) | set(inv.groups)
+    for raw in re.split(r"[,:]", pattern):
+        word = raw.strip().lstrip("!&")
+        if not word or word.startswith("@") or _PATTERN_SPECIAL.search(word):
+            continue  # wildcards, regexes, slices and retry files: Ansible's to match
+        if word not in names:
+            hosts = ", ".join(inv.hosts)
+            raise DsclusterError(
+                f"--limit {word!r} is no host or group of {inv.source}; use one of {hosts} "
+                f"or a group ({', '.join(sorted(g for g in inv.groups if g != 'ungrouped'))})"
+            )
 
 
 def failed_nodes(result, hosts: list[str]) -> dict[str, str]:
@@ -47,7 +140,7 @@ def succeeded_nodes(
 
 
 def provision(
-    inventory: str,
+    inventory: str | pathlib.Path | Inventory,
     *,
     playbook: str = FULL_PLAYBOOK,
     limit: str | None = None,
@@ -69,7 +162,7 @@ def provision(
     from .inventory import load  # noqa: PLC0415
     from .runner import raise_for_failures, run_playbook, summary_table  # noqa: PLC0415
 
-    inv = load(inventory)
+    inv = inventory if isinstance(inventory, Inventory) else load(inventory)
     hosts = inv.hosts
     previous = read_degraded(inv)
     result = run_playbook(playbook, inv, limit=limit, tags=tags, timeout=timeout, console=err)

@@ -24,7 +24,9 @@ from collections.abc import Mapping
 from .errors import DsclusterError
 from .hostfile import SYSTEM_PATH, check_env_value, parse_env_file, render_env
 from .inventory import DEFAULT_MASTER_PORT, master_port_var, plain_var
+from .launch.render import check_deepspeed_args
 from .util import atomic_write
+from .validate import read_text
 
 MODES = ("deepspeed", "torchrun", "srun")
 DEFAULT_VENV = "/opt/dscluster/venv"
@@ -60,7 +62,7 @@ class SbatchOptions:
 
 
 def _check_value(flag: str, value: str | None) -> None:
-    if value is not None and not SBATCH_VALUE_RE.match(value):
+    if value is not None and not SBATCH_VALUE_RE.fullmatch(value):
         raise DsclusterError(
             f"{flag} {value!r} has blanks, quotes or shell characters; use a plain value "
             "(letters, digits, '_', '-', '.', '/', ':')"
@@ -80,9 +82,10 @@ def validate(opts: SbatchOptions) -> None:
         raise DsclusterError(f"--slots {opts.slots} is out of range; use 1 or more")
     if not 1 <= opts.port <= 65535:
         raise DsclusterError(f"--master-port {opts.port} is out of range; use 1 to 65535")
-    if opts.time is not None and not TIME_RE.match(opts.time):
+    if opts.time is not None and not TIME_RE.fullmatch(opts.time):
         raise DsclusterError(
-            f"--time {opts.time!r} is not a Slurm time; use minutes, HH:MM:SS or D-HH:MM:SS"
+            f"--time {opts.time!r} is not a Slurm time; use minutes, HH:MM:SS or D-HH:MM:SS "
+            "(e.g. --time 1-00:00:00)"
         )
     for flag, value in (
         ("--partition", opts.partition),
@@ -95,6 +98,14 @@ def validate(opts: SbatchOptions) -> None:
         _check_value(flag, value)
     if not opts.venv.startswith("/"):
         raise DsclusterError(f"--venv {opts.venv} is not an absolute path; pass the nodes' venv")
+    if opts.chdir is not None and not opts.chdir.startswith("/"):
+        raise DsclusterError(
+            f"--chdir {opts.chdir} is not an absolute path; give the job's directory on the "
+            "nodes, e.g. --chdir /shared/jobs/run1"
+        )
+    if opts.launcher == "deepspeed":
+        # The deepspeed launcher hands the arguments to a remote shell (pdsh), as in launch.
+        check_deepspeed_args(opts.command)
     for key, value in opts.env.items():
         check_env_value(key, value)
 
@@ -249,7 +260,11 @@ def inventory_defaults(source: str) -> tuple[str | None, int | None, dict[str, s
     venv = plain_var(inv, "dscluster_venv")
     port = master_port_var(inv)
     env_path = inv.directory / ".deepspeed_env"
-    env = parse_env_file(env_path.read_text(), str(env_path)) if env_path.is_file() else {}
+    env = (
+        parse_env_file(read_text(env_path, ".deepspeed_env"), str(env_path))
+        if env_path.is_file()
+        else {}
+    )
     return (str(venv) if venv else None), port, env
 
 

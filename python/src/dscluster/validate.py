@@ -32,40 +32,70 @@ def _fail(message: str) -> argparse.ArgumentTypeError:
     return argparse.ArgumentTypeError(message)
 
 
-def _int(text: str, what: str, example: str) -> int:
+def _show(text: str, flag: str | None) -> str:
+    """How a message names the value: `--nodes 0` (the flag as the user would retype it),
+    quoted when it holds blanks or is empty; `'0'` without a flag."""
+    plain = text if text and not any(c.isspace() or c in "'\"" for c in text) else repr(text)
+    return f"{flag} {plain}" if flag else repr(text)
+
+
+def _int(text: str, flag: str | None, what: str, example: str) -> int:
     raw = str(text).strip()
-    if not re.fullmatch(r"[+-]?[0-9]+", raw):
-        raise _fail(f"{text!r} is not a whole number; give {what}, e.g. {example}")
+    if not re.fullmatch(r"[+-]?[0-9]+", raw) or not raw.isascii():
+        raise _fail(f"{_show(text, flag)} is not a whole number; give {what}, e.g. {example}")
     return int(raw)
 
 
-def port_type(text: str) -> int:
+def port_type_for(flag: str | None) -> Callable[[str], int]:
     """A TCP port, 1-65535."""
-    value = _int(text, "a port number 1-65535", "29500")
-    if not 1 <= value <= MAX_PORT:
-        raise _fail(f"{text!r} is not a port; give a number from 1 to {MAX_PORT}, e.g. 29500")
-    return value
+
+    def parse(text: str) -> int:
+        value = _int(text, flag, f"a port from 1 to {MAX_PORT}", "29500")
+        if not 1 <= value <= MAX_PORT:
+            raise _fail(
+                f"{_show(text, flag)} is out of range; give a port from 1 to {MAX_PORT}, e.g. 29500"
+            )
+        return value
+
+    parse.__name__ = "port"
+    return parse
 
 
-def count_type(lo: int, hi: int, what: str, example: int) -> Callable[[str], int]:
+port_type = port_type_for(None)
+
+
+def count_type(
+    lo: int, hi: int, what: str, example: int, *, flag: str | None = None
+) -> Callable[[str], int]:
     """A whole number from lo to hi."""
 
     def parse(text: str) -> int:
-        value = _int(text, f"{what} from {lo} to {hi}", str(example))
+        value = _int(text, flag, f"{what} from {lo} to {hi}", str(example))
         if not lo <= value <= hi:
-            raise _fail(f"{text!r} is out of range; give {what} from {lo} to {hi}, e.g. {example}")
+            raise _fail(
+                f"{_show(text, flag)} is out of range; give {what} from {lo} to {hi}, "
+                f"e.g. {example}"
+            )
         return value
 
     parse.__name__ = what
     return parse
 
 
-def seconds_type(what: str = "seconds", hi: int = MAX_SECONDS) -> Callable[[str], int]:
-    return count_type(1, hi, what, 600)
+def seconds_type(
+    what: str = "seconds", hi: int = MAX_SECONDS, *, flag: str | None = None
+) -> Callable[[str], int]:
+    return count_type(1, hi, what, 600, flag=flag)
 
 
 def real_type(
-    lo: float, hi: float, what: str, example: str, *, lo_open: bool = False
+    lo: float,
+    hi: float,
+    what: str,
+    example: str,
+    *,
+    lo_open: bool = False,
+    flag: str | None = None,
 ) -> Callable[[str], float]:
     """A finite number in [lo, hi] (or (lo, hi] with lo_open)."""
 
@@ -73,11 +103,16 @@ def real_type(
         try:
             value = float(str(text).strip())
         except ValueError:
-            raise _fail(f"{text!r} is not a number; give {what}, e.g. {example}") from None
+            raise _fail(
+                f"{_show(text, flag)} is not a number; give {what}, e.g. {example}"
+            ) from None
         low_ok = value > lo if lo_open else value >= lo
         if not math.isfinite(value) or not low_ok or value > hi:
             bound = f"above {lo:g}" if lo_open else f"from {lo:g}"
-            raise _fail(f"{text!r} is out of range; give {what} {bound} to {hi:g}, e.g. {example}")
+            raise _fail(
+                f"{_show(text, flag)} is out of range; give {what} {bound} to {hi:g}, "
+                f"e.g. {example}"
+            )
         return value
 
     parse.__name__ = what

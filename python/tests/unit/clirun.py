@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 
@@ -28,9 +29,21 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
     return rc, out_buf.getvalue(), err_buf.getvalue()
 
 
-def one_line_error(result: tuple[int, str, str]) -> str:
-    rc, _, err = result
-    assert rc == 1, result
+def run_main(*argv: str) -> tuple[int, str, str]:
+    """cli.main (argument checks, exit codes, the bug handler), its output captured."""
+    out_buf, err_buf = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out_buf), contextlib.redirect_stderr(err_buf):
+        try:
+            rc = cli.main(list(argv))
+        except SystemExit as exc:
+            rc = exc.code if isinstance(exc.code, int) else 1
+    return rc, out_buf.getvalue(), err_buf.getvalue()
+
+
+def one_line_error(result: tuple[int, str, str], rc: int = 1) -> str:
+    """rc 1: a failure the line explains; 2: an argument refused before anything ran."""
+    got, _, err = result
+    assert got == rc, result
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert lines[0].startswith("dscluster: error: ")

@@ -137,6 +137,13 @@ def make_venv(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 USER_ARGS = ["job.py", "--out", "ranks dir", "--note", 'it\'s "quoted" $HOME `x`']
+# The deepspeed launcher hands arguments to a remote shell (pdsh): only plain words pass, and
+# USER_ARGS is refused there (test_sbatch_deepspeed_refuses_shell_characters).
+DEEPSPEED_USER_ARGS = ["job.py", "--out", "ranks dir", "--note", "plain, value=1 @x:y/z"]
+
+
+def user_args(mode: str) -> list[str]:
+    return DEEPSPEED_USER_ARGS if mode == "deepspeed" else USER_ARGS
 
 
 def submit(
@@ -191,7 +198,7 @@ def write_script(tmp_path: pathlib.Path, mode: str, *extra: str) -> pathlib.Path
         str(script),
         *extra,
         "--",
-        *USER_ARGS,
+        *user_args(mode),
     )
     assert rc == 0, err
     assert out.strip() == str(script)

@@ -15,8 +15,9 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
-    assert proc.returncode == 1, proc
+def one_line_error(proc: subprocess.CompletedProcess[str], rc: int = 1) -> str:
+    """rc 1: a failure the line explains; 2: an argument refused before anything ran."""
+    assert proc.returncode == rc, proc
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr  # one line, no traceback
     assert lines[0].startswith("dscluster: error: ")
@@ -63,7 +64,7 @@ def test_hostfile_ok(inventory_dir: pathlib.Path):
 
 
 def test_bad_cluster_name():
-    line = one_line_error(run_cli("local", "up", "--name", "Bad_Name"))
+    line = one_line_error(run_cli("local", "up", "--name", "Bad_Name"), rc=2)
     assert "cluster name 'Bad_Name' is not usable" in line
 
 
@@ -81,7 +82,7 @@ def test_parser_lists_commands():
 
 def test_dsconfig_takes_one_zero_stage(inventory_dir: pathlib.Path):
     """--zero is spelled as in smoke; a config has one stage, so a list is one clear line."""
-    line = one_line_error(run_cli("dsconfig", "-i", str(inventory_dir), "--zero", "1,2"))
+    line = one_line_error(run_cli("dsconfig", "-i", str(inventory_dir), "--zero", "1,2"), rc=2)
     assert "--zero 1,2: a config has one ZeRO stage" in line
     proc = run_cli("dsconfig", "-i", str(inventory_dir), "--zero", "4")
     assert proc.returncode == 2 and "invalid choice" in proc.stderr

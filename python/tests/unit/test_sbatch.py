@@ -13,8 +13,17 @@ import pytest
 from dscluster import inventory, sbatch
 from dscluster.errors import DsclusterError
 
-from .clirun import one_line_error, run_cli
-from .slurm_shims import USER_ARGS, make_shims, make_venv, ranks, sbatch_lines, submit, write_script
+from .clirun import one_line_error, run_cli, run_main
+from .slurm_shims import (
+    DEEPSPEED_USER_ARGS,
+    USER_ARGS,
+    make_shims,
+    make_venv,
+    ranks,
+    sbatch_lines,
+    submit,
+    write_script,
+)
 
 # ---- dscluster sbatch ---------------------------------------------------------------------
 
@@ -132,7 +141,7 @@ def test_sbatch_deepspeed_mode(tmp_path):
     submit_dir = tmp_path / "submit"
     assert rec["argv"] == [
         "--hostfile", f"{submit_dir}/hostfile.42", "--launcher", "pdsh",
-        "--master_addr", "w1", "--master_port", "29555", *USER_ARGS,
+        "--master_addr", "w1", "--master_port", "29555", *DEEPSPEED_USER_ARGS,
     ]  # fmt: skip
     assert rec["pool"] == {"w1": 3, "w2": 3, "w3": 3}
     assert rec["cwd"] == str(submit_dir)
@@ -141,6 +150,19 @@ def test_sbatch_deepspeed_mode(tmp_path):
     assert rec["exports"]["PYTHONUNBUFFERED"] == "1"
     assert rec["PATH"].split(":")[0] == f"{tmp_path / 'venv'}/bin"
     assert (submit_dir / "deepspeed_env.42").is_file()
+
+
+@pytest.mark.parametrize("bad", ["$(rm -rf ~)", "`id`", 'it\'s "quoted"', "a;b", "$HOME"])
+def test_sbatch_deepspeed_refuses_shell_characters(tmp_path, bad):
+    """As launch: the deepspeed launcher passes arguments to the remote shell unquoted, so an
+    argument with shell characters is refused (exit 2), nothing written; the other modes pass
+    arguments exactly (USER_ARGS above)."""
+    script = tmp_path / "ds.sbatch"
+    line = one_line_error(
+        run_main("sbatch", "--launcher", "deepspeed", "-o", str(script), "--", "job.py", bad), rc=2
+    )
+    assert repr(bad) in line and "--launcher torchrun" in line
+    assert not script.exists()
 
 
 def test_sbatch_deepspeed_mode_gpus_and_chdir(tmp_path):
@@ -224,8 +246,9 @@ def test_sbatch_takes_defaults_and_env_from_inventory(tmp_path):
 
     script = tmp_path / "inv-ds.sbatch"
     rc, _, err = run_cli(
-        "sbatch", "--mode", "deepspeed", "-i", str(inv), "--out", str(script), "--", *USER_ARGS
-    )
+        "sbatch", "--mode", "deepspeed", "-i", str(inv), "--out", str(script), "--",
+        *DEEPSPEED_USER_ARGS,
+    )  # fmt: skip
     assert rc == 0, err
     proc = submit(tmp_path, script)
     assert proc.returncode == 0, proc.stderr
@@ -259,8 +282,9 @@ def test_sbatch_takes_defaults_and_env_from_inventory(tmp_path):
     ],
 )
 def test_sbatch_errors_one_line_nothing_written(tmp_path, argv, needle):
+    """Refused before anything is read or written: exit 2."""
     script = tmp_path / "x.sbatch"
-    line = one_line_error(run_cli("sbatch", *argv, "-o", str(script), "--", "job.py"))
+    line = one_line_error(run_main("sbatch", *argv, "-o", str(script), "--", "job.py"), rc=2)
     assert needle in line
     assert not script.exists()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -56,10 +57,11 @@ class Parser(argparse.ArgumentParser):
     line that names the value and where to look. Sub-parsers inherit this class."""
 
     def error(self, message: str):
-        self.exit(
-            2,
-            f"{self.prog}: error: {one_line(message)}; see '{self.prog} --help'\n",
-        )
+        # "argument --nodes: --nodes 0 is out of range; ..." -> the type's own words, which
+        # name the option as the user would retype it (an old alias names today's spelling).
+        own = re.fullmatch(r"argument [^:]+: (--\S+ .*)", one_line(message))
+        text = own.group(1) if own else one_line(message)
+        self.exit(2, f"dscluster: error: {text}; see '{self.prog} --help'\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

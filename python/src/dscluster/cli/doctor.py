@@ -7,6 +7,7 @@ import json
 
 from rich.console import Console
 
+from .. import validate
 from . import flags
 
 
@@ -17,12 +18,13 @@ def register(sub) -> None:
     flags.inventory(p)
     flags.as_json(p)
     flags.master_port(p, what="rendezvous port to probe on the head")
-    p.add_argument(
-        "--min-shm-gb", type=float, default=1.0, help="/dev/shm below this fails (default 1)"
-    )
-    p.add_argument(
-        "--min-free-gb", type=float, default=2.0, help="free disk below this fails (default 2)"
-    )
+    for flag, default, what in (("--min-shm-gb", 1, "/dev/shm"), ("--min-free-gb", 2, "free disk")):
+        p.add_argument(
+            flag,
+            type=validate.real_type(0, 1 << 20, "GiB", str(default), flag=flag),
+            default=float(default),
+            help=f"{what} below this fails (default {default})",
+        )
     p.set_defaults(func=cmd_doctor)
 
 

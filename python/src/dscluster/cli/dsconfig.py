@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
+import re
 
 from rich.console import Console
 
+from .. import validate
 from ..errors import DsclusterError
 from . import flags
+
+NVME_PATH_RE = re.compile(r"/[^\s,:]*")
 
 
 def register(sub) -> None:
@@ -25,38 +28,71 @@ def register(sub) -> None:
     p.add_argument(
         "--precision", choices=PRECISIONS, default="auto", help="auto: by accelerator (default)"
     )
-    p.add_argument("--micro-batch", type=int, default=1, help="per rank (default 1)")
-    p.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps")
-    p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate")
     p.add_argument(
-        "--nvme-path", default=None, help="node-local NVMe directory (dscluster_scratch_dir)"
+        "--micro-batch",
+        type=validate.count_type(1, 1 << 20, "a batch size per rank", 1, flag="--micro-batch"),
+        default=1,
+        help="per rank (default 1)",
+    )
+    p.add_argument(
+        "--grad-accum",
+        type=validate.count_type(1, 1 << 20, "a step count", 1, flag="--grad-accum"),
+        default=1,
+        help="gradient accumulation steps",
+    )
+    p.add_argument(
+        "--lr",
+        type=validate.real_type(0, 10, "a learning rate", "1e-4", lo_open=True, flag="--lr"),
+        default=1e-4,
+        help="AdamW learning rate",
+    )
+    p.add_argument(
+        "--nvme-path",
+        default=None,
+        help="node-local NVMe directory (dscluster_scratch_dir); only with --offload nvme",
     )
     p.add_argument(
         "--nvme-buffer-size",
-        type=int,
+        type=validate.count_type(
+            1, 1 << 40, "a number of elements", 100_000_000, flag="--nvme-buffer-size"
+        ),
         default=100_000_000,
         help="offload_param buffer_size in elements (>= the largest parameter)",
     )
-    flags.out(p, help="where to write the JSON", type=pathlib.Path)
+    flags.out(p, help="where to write the JSON", type=validate.out_file_type("--out"))
     p.add_argument(
         "--no-check",
         action="store_true",
         help="write without running DeepSpeed's config check and the node checks",
     )
     p.add_argument("--print", action="store_true", help="also print the config on stdout")
-    p.set_defaults(func=cmd_dsconfig)
+    p.set_defaults(func=cmd_dsconfig, check=check_dsconfig)
 
 
-def cmd_dsconfig(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from ..dsconfig import run_dsconfig  # noqa: PLC0415
-    from ..inventory import load  # noqa: PLC0415
-
+def check_dsconfig(args: argparse.Namespace) -> None:
     if len(args.zero) != 1:
         stages = ",".join(map(str, args.zero))
         raise DsclusterError(
             f"--zero {stages}: a config has one ZeRO stage; write one per stage "
             "(dscluster smoke --zero takes a list and runs them all)"
         )
+    if args.nvme_path is not None:
+        if args.offload != "nvme":
+            raise DsclusterError(
+                f"--nvme-path {args.nvme_path} is used only with NVMe offload; add "
+                "--offload nvme (with --zero 3), or drop --nvme-path"
+            )
+        if not NVME_PATH_RE.fullmatch(args.nvme_path):
+            raise DsclusterError(
+                f"--nvme-path {args.nvme_path!r} is not an absolute path without blanks; give "
+                "a node-local directory, e.g. --nvme-path /local_nvme"
+            )
+
+
+def cmd_dsconfig(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from ..dsconfig import run_dsconfig  # noqa: PLC0415
+    from ..inventory import load  # noqa: PLC0415
+
     inv = load(args.inventory)
     path, config, notes = run_dsconfig(
         inv,

@@ -19,8 +19,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from .. import validate
 from ..dsconfig import OFFLOADS, ZERO_STAGES
 from ..inventory import DEFAULT_MASTER_PORT
+
+PORT = validate.port_type_for("--master-port")
+SLOTS = validate.count_type(1, validate.MAX_SLOTS, "slots per node", 2, flag="--slots")
 
 
 def alias(parser: argparse.ArgumentParser, *old: str, dest: str, **kwargs) -> None:
@@ -73,16 +77,16 @@ def master_port(
 ) -> None:
     parser.add_argument(
         "--master-port",
-        type=int,
+        type=PORT,
         default=None,
         help=f"{what} (default: the inventory's dscluster_master_port, else {DEFAULT_MASTER_PORT})",
     )
-    alias(parser, "--port", dest="master_port", type=int)
+    alias(parser, "--port", dest="master_port", type=PORT)
 
 
 def slots(parser: argparse.ArgumentParser, *, default: int | None, help: str) -> None:
-    parser.add_argument("--slots", type=int, default=default, help=help)
-    alias(parser, "--cpu-slots", "--slots-per-node", dest="slots", type=int)
+    parser.add_argument("--slots", type=SLOTS, default=default, help=help)
+    alias(parser, "--cpu-slots", "--slots-per-node", dest="slots", type=SLOTS)
 
 
 def zero_stages(text: str) -> tuple[int, ...]:
@@ -90,7 +94,7 @@ def zero_stages(text: str) -> tuple[int, ...]:
     stages: list[int] = []
     for raw in str(text).split(","):
         part = raw.strip()
-        if not part.isdigit() or int(part) not in ZERO_STAGES:
+        if not (part.isascii() and part.isdigit()) or int(part) not in ZERO_STAGES:
             raise argparse.ArgumentTypeError(
                 f"invalid choice: {part!r} (choose ZeRO stages from 1, 2, 3, comma-separated)"
             )
@@ -116,9 +120,14 @@ def out(parser: argparse.ArgumentParser, *, help: str, old: Sequence[str] = (), 
 
 def ssh(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--user", help="SSH user Ansible logs in as (ansible_user)")
-    parser.add_argument("--key-file", help="SSH private key (ansible_ssh_private_key_file)")
+    parser.add_argument(
+        "--key-file",
+        type=validate.existing_file_type("--key-file"),
+        help="SSH private key (ansible_ssh_private_key_file)",
+    )
     parser.add_argument(
         "--known-hosts",
+        type=validate.existing_file_type("--known-hosts"),
         help="known_hosts holding the nodes' host keys (UserKnownHostsFile); checking stays on",
     )
 
@@ -135,7 +144,10 @@ def no_doctor(parser: argparse.ArgumentParser) -> None:
 
 def timeout(parser: argparse.ArgumentParser, default: int | None, what: str = "the job") -> None:
     parser.add_argument(
-        "--timeout", type=int, default=default, help=f"seconds before {what} is cut"
+        "--timeout",
+        type=validate.seconds_type("seconds", flag="--timeout"),
+        default=default,
+        help=f"seconds before {what} is cut",
     )
 
 

@@ -7,6 +7,7 @@ import sys
 
 from rich.console import Console
 
+from .. import validate
 from ..errors import DsclusterError
 from ..launch import LAUNCHERS
 from . import flags
@@ -27,8 +28,18 @@ def register(sub) -> None:
     )
     p.add_argument("--include", default="", help="DeepSpeed syntax: host1:0,1@host2")
     p.add_argument("--exclude", default="", help="DeepSpeed syntax: host3@host1:1")
-    p.add_argument("--num-nodes", type=int, default=None, help="the first N hosts")
-    p.add_argument("--num-gpus", type=int, default=None, help="the first N slots per host")
+    p.add_argument(
+        "--num-nodes",
+        type=validate.count_type(1, validate.MAX_NODES, "a node count", 2, flag="--num-nodes"),
+        default=None,
+        help="the first N hosts",
+    )
+    p.add_argument(
+        "--num-gpus",
+        type=validate.count_type(1, validate.MAX_SLOTS, "a slot count", 1, flag="--num-gpus"),
+        default=None,
+        help="the first N slots per host",
+    )
     flags.master_port(p)
     flags.timeout(p, 3600)
     p.add_argument(
@@ -41,7 +52,25 @@ def register(sub) -> None:
     )
     flags.no_doctor(p)
     flags.program(p)
-    p.set_defaults(func=cmd_launch)
+    p.set_defaults(func=cmd_launch, check=check_launch)
+
+
+def check_launch(args: argparse.Namespace) -> None:
+    """What can be refused from the command line alone: the program, the filters' syntax."""
+    from ..launch import parse_node_specs  # noqa: PLC0415
+    from ..launch.run import program_for  # noqa: PLC0415
+
+    program = flags.after_dashes(args.program)
+    if not program:
+        raise DsclusterError("no script to run; put it after '--': dscluster launch -- train.py")
+    words, _ = program_for(program[0], program[1:], stage=not args.no_stage)
+    if args.launcher == "deepspeed":
+        from ..launch import check_deepspeed_args  # noqa: PLC0415
+
+        check_deepspeed_args(words)
+    for flag, text in (("--include", args.include), ("--exclude", args.exclude)):
+        if text:
+            parse_node_specs(text, flag)
 
 
 def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:

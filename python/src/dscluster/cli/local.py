@@ -3,27 +3,79 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 from rich.console import Console
 
+from .. import validate
+from ..sources.names import check_cluster_name
 from . import flags
+
+# Local clusters are containers on one machine: beyond this many, the machine is the limit.
+MAX_LOCAL_NODES = 64
+# Docker's --shm-size: a number with an optional unit b, k, m or g.
+SHM_SIZE_RE = re.compile(r"(?P<number>[0-9]+(?:\.[0-9]+)?)(?P<unit>[bkmg]?)", re.IGNORECASE)
+_UNIT = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+# A Docker image reference: [registry[:port]/]path[:tag][@digest], full match.
+IMAGE_REF_RE = re.compile(
+    r"(?:[a-z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?"
+)
+
+
+def shm_size_type(text: str) -> str:
+    """--shm-size as Docker takes it, from 1m to 1t (checked here, before any container)."""
+    m = SHM_SIZE_RE.fullmatch(text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size; give a number with b, k, m or g, e.g. --shm-size 1g"
+        )
+    size = float(m["number"]) * _UNIT[m["unit"].lower()]
+    if not (1 << 20) <= size <= (1 << 40):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is out of range; give 1m to 1024g of /dev/shm, e.g. --shm-size 1g"
+        )
+    return text.strip()
+
+
+def image_ref_type(text: str) -> str:
+    if not IMAGE_REF_RE.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a Docker image reference; give name[:tag], e.g. debian:bookworm"
+        )
+    return text
 
 
 def register(sub) -> None:
     local = sub.add_parser("local", help="local cluster of node containers")
     lsub = local.add_subparsers(dest="local_command", required=True)
     up = lsub.add_parser("up", help="create or reconcile a local cluster (idempotent)")
-    up.add_argument("--nodes", type=int, default=3, help="number of nodes (default 3)")
-    up.add_argument("--name", default="local", help="cluster name (default local)")
+    up.add_argument(
+        "--nodes",
+        type=validate.count_type(1, MAX_LOCAL_NODES, "a node count", 3, flag="--nodes"),
+        default=3,
+        help="number of nodes (default 3)",
+    )
+    cluster_name = validate.name_type(check_cluster_name)
+    up.add_argument(
+        "--name", type=cluster_name, default="local", help="cluster name (default local)"
+    )
     flags.slots(up, default=1, help="slots per CPU node (default 1)")
-    up.add_argument("--shm-size", default="1g", help="/dev/shm size per node (default 1g)")
+    up.add_argument(
+        "--shm-size", type=shm_size_type, default="1g", help="/dev/shm size per node (default 1g)"
+    )
     up.set_defaults(func=cmd_local_up)
     down = lsub.add_parser("down", help="remove a local cluster and everything it made")
-    down.add_argument("--name", default="local")
+    down.add_argument("--name", type=cluster_name, default="local")
     down.set_defaults(func=cmd_local_down)
 
     image = sub.add_parser("image", help="make sure the node image exists (build it if not)")
-    image.add_argument("--base", default="debian:bookworm", help="base image (pulled or built)")
+    image.add_argument(
+        "--base",
+        type=image_ref_type,
+        default="debian:bookworm",
+        help="base image (pulled or built)",
+    )
     image.set_defaults(func=cmd_image)
 
 

@@ -6,12 +6,14 @@ import argparse
 
 from rich.console import Console
 
+from ..errors import DsclusterError
 from . import flags
 
 
 def register(sub) -> None:
     prov = sub.add_parser("provision", help="run playbooks/site.yml with live progress")
     flags.inventory(prov)
+    prov.set_defaults(check=check_provision)
     prov.add_argument("--playbook", default="site.yml", help="playbook under playbooks/")
     prov.add_argument("--limit", help="Ansible host pattern to limit the run")
     prov.add_argument("--tags", help="only plays/tasks with these tags")
@@ -29,11 +31,27 @@ def register(sub) -> None:
     hf.set_defaults(func=cmd_hostfile)
 
 
+def check_provision(args: argparse.Namespace) -> None:
+    """--playbook, --tags and --limit against the collection and the inventory, before any
+    playbook runs (a typo in --tags would otherwise be a successful run that changed nothing)."""
+    from .. import provision  # noqa: PLC0415
+    from ..inventory import load  # noqa: PLC0415
+
+    provision.check_playbook(args.playbook)
+    if args.tags is not None:
+        provision.check_tags(args.tags)
+    if args.limit is not None:
+        args.loaded = load(args.inventory)
+        provision.check_limit(args.limit, args.loaded)
+
+
 def cmd_provision(args: argparse.Namespace, out: Console, err: Console) -> int:
     from .. import provision  # noqa: PLC0415
 
+    if getattr(args, "loaded", None) is None and args.limit is not None:
+        raise DsclusterError("internal: --limit was not checked")  # check_provision ran first
     return provision.provision(
-        args.inventory,
+        getattr(args, "loaded", None) or args.inventory,
         playbook=args.playbook,
         limit=args.limit,
         tags=args.tags,

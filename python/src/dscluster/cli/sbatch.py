@@ -7,6 +7,7 @@ import pathlib
 
 from rich.console import Console
 
+from .. import validate
 from ..sbatch import DEFAULT_VENV, MODES
 from . import flags
 
@@ -21,7 +22,11 @@ def register(sub) -> None:
     flags.launcher(
         p, MODES, help="how the ranks start: deepspeed, torchrun or srun", old=("--mode",)
     )
-    p.add_argument("--nodes", type=int, help="#SBATCH --nodes")
+    p.add_argument(
+        "--nodes",
+        type=validate.count_type(1, validate.MAX_NODES, "a node count", 2, flag="--nodes"),
+        help="#SBATCH --nodes",
+    )
     flags.slots(
         p,
         default=None,
@@ -40,6 +45,7 @@ def register(sub) -> None:
         p,
         help="where to write the batch script (default dscluster-<launcher>.sbatch)",
         old=("--script",),
+        type=validate.out_file_type("--out"),
     )
     flags.inventory(
         p,
@@ -47,14 +53,24 @@ def register(sub) -> None:
         help="inventories/<name>: venv/port defaults and its .deepspeed_env for the ranks",
     )
     p.add_argument("command", nargs="+", help="-- script.py [args...]")
-    p.set_defaults(func=cmd_sbatch)
+    p.set_defaults(func=cmd_sbatch, check=check_sbatch)
 
 
-def cmd_sbatch(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from ..sbatch import SbatchOptions, inventory_defaults, write_sbatch  # noqa: PLC0415
+def check_sbatch(args: argparse.Namespace) -> None:
+    """Every option as given, before the inventory is read or anything is written (the
+    inventory's venv, port and environment are checked again once read)."""
+    from ..sbatch import default_script_path, validate  # noqa: PLC0415
+    from ..validate import check_out_file  # noqa: PLC0415
 
-    venv, port, env = inventory_defaults(args.inventory) if args.inventory else (None, None, {})
-    opts = SbatchOptions(
+    validate(_options(args, None, None, {}))
+    if args.out is None:
+        check_out_file(default_script_path(args.launcher), "the batch script (-o/--out)")
+
+
+def _options(args: argparse.Namespace, venv: str | None, port: int | None, env: dict):
+    from ..sbatch import SbatchOptions  # noqa: PLC0415
+
+    return SbatchOptions(
         launcher=args.launcher,
         command=flags.after_dashes(args.command),
         nodes=args.nodes,
@@ -70,6 +86,13 @@ def cmd_sbatch(args: argparse.Namespace, out: Console, err: Console) -> int:
         env=env,
         origin=f"dscluster sbatch --launcher {args.launcher}",
     )
+
+
+def cmd_sbatch(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from ..sbatch import inventory_defaults, write_sbatch  # noqa: PLC0415
+
+    venv, port, env = inventory_defaults(args.inventory) if args.inventory else (None, None, {})
+    opts = _options(args, venv, port, env)
     path = write_sbatch(opts, pathlib.Path(args.out) if args.out else None)
     out.print(str(path), markup=False, highlight=False)
     return 0

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 
 from rich.console import Console
 
+from .. import validate
 from ..errors import DsclusterError
 from ..launch import LAUNCHERS
 from . import flags
@@ -31,19 +31,24 @@ def register(sub) -> None:
     )
     smoke.add_argument(
         "--ds-config",
-        type=pathlib.Path,
+        type=validate.existing_file_type("--ds-config"),
         default=None,
         help="run this DeepSpeed config (from 'dscluster dsconfig') instead of --zero/--offload, "
         "with a checkpoint save and load in dscluster_checkpoint_dir; the loss must still fall "
         "within --steps (write it with e.g. --lr 3e-3)",
     )
-    smoke.add_argument("--steps", type=int, default=30)
+    smoke.add_argument(
+        "--steps",
+        type=validate.count_type(1, validate.MAX_STEPS, "a step count", 30, flag="--steps"),
+        default=30,
+        help="training steps per configuration (default 30)",
+    )
     flags.timeout(smoke, 600)
     flags.as_json(smoke)
     flags.no_doctor(smoke)
     smoke.add_argument(
         "--straggler-factor",
-        type=float,
+        type=validate.real_type(1, 1000, "a slowdown factor", "2", flag="--straggler-factor"),
         default=DEFAULT_STRAGGLER_FACTOR,
         help="flag a link or node slower than the median by this factor (default 2)",
     )

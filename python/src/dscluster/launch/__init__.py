@@ -47,7 +47,7 @@ from .run import (
     plan_for,
     program_for,
     run_job,
-    write_mpi_hostfile,
+    write_launch_set,
 )
 from .select import parse_node_specs, select_resources
 from .watch import MPI_EXIT_CODE_RE, MPI_PROCESS_RE, lost_nodes
@@ -88,5 +88,5 @@ __all__ = [
     "torchrun_pdsh_argv",
     "visible_devices",
     "watch_source",
-    "write_mpi_hostfile",
+    "write_launch_set",
 ]

@@ -57,7 +57,7 @@ def render_mpi_hostfile(resources: Mapping[str, Sequence[int]]) -> str:
 
 def check_deepspeed_args(program: Sequence[str]) -> None:
     for arg in program:
-        if not isinstance(arg, Raw) and not DEEPSPEED_SAFE_ARG_RE.match(arg):
+        if not isinstance(arg, Raw) and not DEEPSPEED_SAFE_ARG_RE.fullmatch(arg):
             raise DsclusterError(
                 f"argument {arg!r} would reach the nodes changed: the deepspeed launcher passes "
                 "arguments to the remote shell unquoted; use --launcher torchrun or mpi (they "

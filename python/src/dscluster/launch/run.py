@@ -15,14 +15,11 @@ from rich.console import Console
 
 from .. import storage
 from ..errors import DsclusterError
-from ..hostfile import (
-    LaunchFiles,
-    write_launch_files,
-)
+from ..hostfile import LaunchFiles, render_launch_files
 from ..inventory import DEFAULT_MASTER_PORT, Inventory
 from ..paths import cache_dir
 from ..runner import PlaybookResult, run_playbook
-from ..util import atomic_write, print_warnings
+from ..util import atomic_write, print_warnings, write_files
 from .render import Plan, build_plan, render_mpi_hostfile
 from .watch import lost_nodes
 
@@ -44,7 +41,7 @@ def plan_for(
     program: Sequence[str],
     **filters,
 ) -> Plan:
-    """build_plan from the inventory and the launch files `write_launch_files` wrote."""
+    """build_plan from the inventory and its launch files (rendered, maybe not written)."""
     head_facts = files.facts[0]
     interfaces = {f.interface for f in files.facts}
     return build_plan(
@@ -55,8 +52,8 @@ def plan_for(
         venv=head_facts.venv,
         pool={f.host: f.slots for f in files.facts},
         accelerators={f.host: f.accelerator for f in files.facts},
-        hostfile_text=files.hostfile.read_text(),
-        env_text=files.env_file.read_text(),
+        hostfile_text=files.hostfile_text,
+        env_text=files.env_text,
         program=program,
         interface=interfaces.pop() if len(interfaces) == 1 else "",
         **filters,
@@ -87,7 +84,7 @@ def run_job(
     run launch.sh on the head within `timeout` seconds, fetch the log (+ `fetch`)."""
     console = console or Console(stderr=True)
     if timeout < 1:
-        raise DsclusterError(f"--timeout {timeout}: give the job at least one second")
+        raise DsclusterError(f"--timeout {timeout}: give the job at least one second, e.g. 600")
     stage = pathlib.Path(tempfile.mkdtemp(prefix="launch-", dir=cache_dir()))
     try:
         entries = []
@@ -141,12 +138,19 @@ def run_job(
         shutil.rmtree(stage, ignore_errors=True)
 
 
-def write_mpi_hostfile(inv: Inventory, files: LaunchFiles) -> pathlib.Path:
-    """Every slot in OpenMPI's format beside the inventory, for the user's own mpirun
-    (the job's own, filtered copy is staged with the job)."""
-    path = inv.directory / "mpi_hostfile"
-    atomic_write(path, render_mpi_hostfile({f.host: range(f.slots) for f in files.facts}))
-    return path
+def write_launch_set(inv: Inventory, files: LaunchFiles, launcher: str) -> pathlib.Path | None:
+    """hostfile and .deepspeed_env, and for mpi every slot in OpenMPI's format beside the
+    inventory (for the user's own mpirun; the job's own filtered copy is staged with the job),
+    written as one transaction. The mpi_hostfile's path, when written."""
+    texts: dict[pathlib.Path, str] = {
+        files.hostfile: files.hostfile_text,
+        files.env_file: files.env_text,
+    }
+    mpi = inv.directory / "mpi_hostfile" if launcher == "mpi" else None
+    if mpi is not None:
+        texts[mpi] = render_mpi_hostfile({f.host: range(f.slots) for f in files.facts})
+    write_files(texts)
+    return mpi
 
 
 def describe(plan: Plan) -> str:
@@ -201,11 +205,11 @@ def launch(  # noqa: PLR0913 - the launch command's options, each a keyword
     console: Console | None = None,
     preflight: Callable[[], None] | None = None,
 ) -> tuple[Plan, JobResult | None]:
-    """Plan, then (unless dry_run) run `preflight` (doctor) and the job."""
+    """Plan, then (unless dry_run) write the launch files, run `preflight` (doctor) and the
+    job. Everything is checked before anything is written; a dry run writes nothing."""
     out = out or Console()
     console = console or Console(stderr=True)
-    files = write_launch_files(inv)
-    print_warnings(console, files.warnings)
+    files = render_launch_files(inv)
     program, stage_files = program_for(script, args, stage=stage)
     plan = plan_for(
         inv,
@@ -219,11 +223,13 @@ def launch(  # noqa: PLR0913 - the launch command's options, each a keyword
         num_gpus=num_gpus,
         master_port=master_port,
     )
-    if launcher == "mpi":
-        console.print(f"wrote {write_mpi_hostfile(inv, files)}", markup=False, highlight=False)
+    print_warnings(console, files.warnings)
     if dry_run:
         out.print(describe(plan), markup=False, highlight=False, end="")
         return plan, None
+    mpi = write_launch_set(inv, files, launcher)
+    if mpi is not None:
+        console.print(f"wrote {mpi}", markup=False, highlight=False)
     console.print(
         f"launch: {plan.launcher}, {len(plan.resources)} nodes, {plan.world_size} ranks, "
         f"head {plan.head}, run {plan.run_id}",

@@ -9,6 +9,7 @@ import collections
 from collections.abc import Mapping
 
 from ..errors import DsclusterError
+from ..validate import MAX_SLOTS
 
 
 def parse_node_specs(text: str, flag: str) -> dict[str, list[int]]:
@@ -18,6 +19,11 @@ def parse_node_specs(text: str, flag: str) -> dict[str, list[int]]:
     """
     specs: dict[str, list[int]] = collections.defaultdict(list)
     for spec in text.split("@"):
+        if not spec.split(":")[0].strip():
+            raise DsclusterError(
+                f"{flag} {text!r}: a host name is empty; write NAME[:SLOT[,SLOT...]], hosts "
+                "joined by '@' (e.g. n1:0,1@n2)"
+            )
         if ":" not in spec:
             specs[spec] += []
             continue
@@ -27,12 +33,17 @@ def parse_node_specs(text: str, flag: str) -> dict[str, list[int]]:
                 f"{flag} {text!r}: {spec!r} has more than one ':'; write NAME[:SLOT[,SLOT...]], "
                 "hosts joined by '@'"
             )
-        try:
-            slots = [int(s) for s in parts[1].split(",")]
-        except ValueError:
+        words = parts[1].split(",")
+        if not all(w.strip().isascii() and w.strip().isdigit() for w in words):
             raise DsclusterError(
-                f"{flag} {text!r}: slots in {spec!r} are not integers; write NAME:0,1"
-            ) from None
+                f"{flag} {text!r}: slots in {spec!r} are not integers (slots count from 0); write NAME:0,1"
+            )
+        slots = [int(w) for w in words]
+        if max(slots) >= MAX_SLOTS:
+            raise DsclusterError(
+                f"{flag} {text!r}: slot {max(slots)} is beyond any node ({MAX_SLOTS} slots at "
+                "most); slots count from 0, e.g. NAME:0,1"
+            )
         specs[parts[0]] += slots
     return {host: sorted(set(slots)) for host, slots in specs.items()}
 

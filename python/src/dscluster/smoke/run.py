@@ -15,7 +15,7 @@ from rich.console import Console
 from .. import storage
 from ..dsconfig import OFFLOADS, ZERO_STAGES
 from ..errors import DsclusterError
-from ..hostfile import write_launch_files
+from ..hostfile import render_launch_files
 from ..inventory import DEFAULT_MASTER_PORT, Inventory
 from ..launch import (
     LAUNCH_TIME,
@@ -69,10 +69,7 @@ def run_smoke(  # noqa: C901, PLR0912, PLR0913, PLR0915 - the smoke command's op
         raise DsclusterError(
             f"--straggler-factor {straggler_factor:g} is below 1; use 2 for 'twice as slow'"
         )
-    files = write_launch_files(inv)
-    print_warnings(console, files.warnings)
-    if preflight is not None:
-        preflight()  # doctor, against the hostfile just written
+    files = render_launch_files(inv)
     run_id = new_run_id("smoke")
     zero_arg = ",".join(str(s) for s in stages)
     program = ["smoke_job.py", "--zero", zero_arg, "--steps", str(steps)]
@@ -88,6 +85,11 @@ def run_smoke(  # noqa: C901, PLR0912, PLR0913, PLR0915 - the smoke command's op
     plan = plan_for(
         inv, files, launcher=launcher, run_id=run_id, program=program, master_port=master_port
     )
+    # Every check passed: now the launch files, then doctor against them.
+    files.write()
+    print_warnings(console, files.warnings)
+    if preflight is not None:
+        preflight()
     what = (
         f"config {ds_config}"
         if ds_config is not None
@@ -117,7 +119,7 @@ def run_smoke(  # noqa: C901, PLR0912, PLR0913, PLR0915 - the smoke command's op
         report["ok"] = False  # fewer ranks joined than the hostfile has slots
     report["run_id"] = run_id
     report["launcher"] = launcher
-    report["hostfile"] = files.hostfile.read_text().splitlines()
+    report["hostfile"] = files.hostfile_text.splitlines()
     report["expected_world_size"] = files.world_size
     report["launcher_rc"] = result.rc
     report["launcher_log"] = str(result.log_path)
