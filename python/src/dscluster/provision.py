@@ -88,10 +88,9 @@ def check_tags(text: str) -> None:
                 "--tags base,pdsh"
             )
         if tag not in known and tag not in SPECIAL_TAGS:
-            close = sorted(k for k in known if k.startswith(tag[:3]))[:5] or sorted(known)[:12]
             raise DsclusterError(
-                f"--tags {tag!r} is no tag of the playbooks; use one of {', '.join(close)} "
-                "(all: 'grep -h tags: playbooks/*.yml')"
+                f"--tags {tag!r} is no tag of the playbooks; use one or more of "
+                f"{', '.join(sorted(known))} (comma-separated)"
             )
 
 
