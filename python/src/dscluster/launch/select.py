@@ -36,7 +36,8 @@ def parse_node_specs(text: str, flag: str) -> dict[str, list[int]]:
         words = parts[1].split(",")
         if not all(w.strip().isascii() and w.strip().isdigit() for w in words):
             raise DsclusterError(
-                f"{flag} {text!r}: slots in {spec!r} are not integers (slots count from 0); write NAME:0,1"
+                f"{flag} {text!r}: slots in {spec!r} are not integers (slots count from 0); "
+                "write NAME:0,1"
             )
         slots = [int(w) for w in words]
         if max(slots) >= MAX_SLOTS:
