@@ -91,7 +91,8 @@ class _Transaction:
 
     def replace(self, path: pathlib.Path) -> None:
         self.current = path
-        os.replace(self.staged.pop(path), path)
+        os.replace(self.staged[path], path)
+        del self.staged[path]
         self.replaced.append(path)
 
     def rollback(self) -> None:
