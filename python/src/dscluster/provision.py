@@ -9,6 +9,7 @@ keeps them out of later hostfiles (hostfile, smoke, launch) until a provision su
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import pathlib
 import re
@@ -31,8 +32,6 @@ FULL_PLAYBOOK = "site.yml"
 PLAYBOOK_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\.ya?ml")
 # Tags Ansible itself gives meaning to.
 SPECIAL_TAGS = frozenset({"all", "always", "never", "tagged", "untagged"})
-# Parts of an Ansible host pattern that are not plain host or group names.
-_PATTERN_SPECIAL = re.compile(r"[*?~\[\]]")
 
 
 def playbooks() -> list[str]:
@@ -94,19 +93,34 @@ def check_tags(text: str) -> None:
             )
 
 
+def _matches(word: str, names: set[str]) -> bool:
+    """Whether one word of an Ansible host pattern names something in the inventory."""
+    if word.startswith("~"):
+        try:
+            regex = re.compile(word[1:])
+        except re.error:
+            return False
+        return any(regex.search(n) for n in names)
+    if "[" in word:  # group[0:2]: the group must exist; Ansible checks the slice
+        return word.split("[", 1)[0] in names
+    return any(fnmatch.fnmatchcase(n, word) for n in names)
+
+
 def check_limit(pattern: str, inv: Inventory) -> None:
-    """--limit: every plain host or group name in the pattern is one the inventory has."""
+    """--limit: every host or group name, wildcard or regex in the pattern matches something
+    in the inventory (Ansible would otherwise run on nothing, or on the wrong hosts)."""
     if not pattern.strip() or "\n" in pattern:
         raise DsclusterError(f"--limit {pattern!r} is empty; give hosts or groups, e.g. n1,n2")
     names = set(inv.groups.get("all", [])) | set(inv.groups)
-    for raw in re.split(r"[,:]", pattern):
+    words = pattern.split(",") if "," in pattern else re.split(r":(?![^\[]*\])", pattern)
+    for raw in words:
         word = raw.strip().lstrip("!&")
-        if not word or word.startswith("@") or _PATTERN_SPECIAL.search(word):
-            continue  # wildcards, regexes, slices and retry files: Ansible's to match
-        if word not in names:
+        if not word or word.startswith("@"):
+            continue  # a retry file: Ansible reads it
+        if not _matches(word, names):
             hosts = ", ".join(inv.hosts)
             raise DsclusterError(
-                f"--limit {word!r} is no host or group of {inv.source}; use one of {hosts} "
+                f"--limit {word!r} matches no host or group of {inv.source}; use one of {hosts} "
                 f"or a group ({', '.join(sorted(g for g in inv.groups if g != 'ungrouped'))})"
             )
 
