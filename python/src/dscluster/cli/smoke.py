@@ -62,7 +62,19 @@ def register(sub) -> None:
         help="deepspeed (pdsh), torchrun (c10d, one agent per node over pdsh) or mpi (mpirun)",
     )
     flags.master_port(smoke)
-    smoke.set_defaults(func=cmd_smoke)
+    smoke.set_defaults(func=cmd_smoke, check=check_smoke)
+
+
+def check_smoke(args: argparse.Namespace) -> None:
+    from ..smoke.run import checked_ds_config  # noqa: PLC0415
+
+    if args.ds_config is not None:
+        if args.offload is not None:
+            raise DsclusterError(
+                f"--offload {args.offload} and --ds-config {args.ds_config} both set the "
+                "offload; drop --offload (the config's own offload settings run)"
+            )
+        checked_ds_config(args.ds_config)
 
 
 def cmd_smoke(args: argparse.Namespace, out: Console, err: Console) -> int:

@@ -25,6 +25,7 @@ from ..launch import (
     run_job,
 )
 from ..util import atomic_write, print_warnings
+from ..validate import read_text
 from .stragglers import DEFAULT_STRAGGLER_FACTOR, report_stragglers
 
 
@@ -58,7 +59,7 @@ def run_smoke(  # noqa: C901, PLR0912, PLR0913, PLR0915 - the smoke command's op
     console = console or Console(stderr=True)
     staged: dict[str, pathlib.Path] = {"smoke_job.py": job_source()}
     if ds_config is not None:
-        staged["ds_config.json"] = _checked_ds_config(ds_config)
+        staged["ds_config.json"] = checked_ds_config(ds_config)
     paths = storage.inventory_paths(inv)
     stages = (zero,) if isinstance(zero, int) else tuple(zero)
     if not stages or any(s not in (0, *ZERO_STAGES) for s in stages):
@@ -143,18 +144,16 @@ def run_smoke(  # noqa: C901, PLR0912, PLR0913, PLR0915 - the smoke command's op
     return report, out
 
 
-def _checked_ds_config(path: pathlib.Path) -> pathlib.Path:
+def checked_ds_config(path: pathlib.Path) -> pathlib.Path:
     """The --ds-config file, read and checked enough to fail here rather than on every rank."""
+    text = read_text(path, "--ds-config")
     try:
-        config = json.loads(path.read_text())
-    except OSError as exc:
-        raise DsclusterError(
-            f"--ds-config {path}: {exc.strerror}; write one with 'dscluster dsconfig'"
-        ) from exc
+        config = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DsclusterError(
-            f"--ds-config {path} is not JSON ({exc}); write one with 'dscluster dsconfig'"
-        ) from exc
+            f"--ds-config {path} is not JSON ({exc.msg} at line {exc.lineno} column "
+            f"{exc.colno}); fix it, or write one with 'dscluster dsconfig'"
+        ) from None
     if not isinstance(config, dict) or not isinstance(config.get("zero_optimization", {}), dict):
         raise DsclusterError(
             f"--ds-config {path} is not a DeepSpeed config; write one with 'dscluster dsconfig'"

@@ -111,6 +111,32 @@ CASES = [
         "existing file",
     ),
     Case("smoke-ds-config-dir", ["smoke", *INV, "--ds-config", "adir"], "adir", "give a file"),
+    Case(
+        "smoke-ds-config-not-json",
+        ["smoke", *INV, "--ds-config", "existing.txt"],
+        "existing.txt",
+        "dscluster dsconfig",
+    ),
+    Case(
+        "smoke-ds-config-not-utf8",
+        ["smoke", *INV, "--ds-config", "bad.json"],
+        "bad.json",
+        "UTF-8",
+        setup=_write("bad.json", b'{"a": "\xff"}'),
+    ),
+    Case(
+        "smoke-ds-config-list",
+        ["smoke", *INV, "--ds-config", "list.json"],
+        "list.json",
+        "dscluster dsconfig",
+        setup=_write("list.json", b"[1, 2]"),
+    ),
+    Case(
+        "smoke-ds-config-and-offload",
+        ["smoke", *INV, "--ds-config", "ds_config.json", "--offload", "cpu"],
+        "--offload cpu",
+        "drop --offload",
+    ),
     *_ports(["smoke", *INV], [], "smoke"),
     # launch
     Case("launch-no-script", ["launch", *INV], "no script", "put it after '--'"),
