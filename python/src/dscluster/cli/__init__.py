@@ -92,6 +92,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("dscluster: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `dscluster ... | head`: the reader left; not an error of ours or the user's.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except SystemExit:
         raise
     except Exception as exc:
