@@ -60,6 +60,7 @@ def test_order_head():
 def test_inventory_static_writes_hosts_and_hostfile(tmp_path):
     out = tmp_path / "inv"
     key = tmp_path / "id_ed25519"
+    key.write_text("a key\n")  # --key-file must exist
     rc, stdout, err = run_cli(
         "inventory", "static", "--hosts", "gpu-01:4,gpu-02:2,cpu[1-2]", "--head", "gpu-02",
         "--user", "ubuntu", "--key-file", str(key), "--name", "lab", "--out", str(out),
