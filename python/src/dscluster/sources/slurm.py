@@ -29,7 +29,7 @@ from ..hostfile import MAX_HOSTS, SLOTS_RULE, show
 from ..validate import MAX_SLOTS, check_out_dir
 from . import static
 from .cluster import write
-from .names import check_inventory_name
+from .names import check_host_name, check_inventory_name
 
 # One item of SLURM_JOB_CPUS_PER_NODE / SLURM_TASKS_PER_NODE: `72`, or `36(x2)` (two nodes).
 CPUS_ITEM_RE = re.compile(r"(?P<count>[0-9]{1,9})(?:\(x(?P<repeat>[0-9]{1,12})\))?")
@@ -59,6 +59,7 @@ def expand_nodelist(nodelist: str) -> list[str]:
     nodes = [n for group in static.expand_list(parts, text, "node list") for n in group]
     seen: set[str] = set()
     for node in nodes:
+        check_host_name(node)
         if node in seen:
             raise DsclusterError(
                 f"node {node} appears twice in node list {show(text)}; list it once"
@@ -73,7 +74,7 @@ def parse_counts(value: str, variable: str = "SLURM_JOB_CPUS_PER_NODE") -> list[
     items: list[tuple[int, int]] = []
     for item in (value or "").split(","):
         m = CPUS_ITEM_RE.fullmatch(item.strip())
-        if not m:
+        if not m or (m["repeat"] is not None and int(m["repeat"]) == 0):
             raise DsclusterError(
                 f"cannot read per-node counts {variable}={show(value)}: {show(item)} is not "
                 "N or N(xM); pass --slots instead"
