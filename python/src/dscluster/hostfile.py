@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import math
 import pathlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -32,13 +33,106 @@ from .inventory import Inventory
 from .sources.names import HOSTNAME_RE
 from .storage import inventory_paths
 from .util import atomic_write, write_files
+from .validate import MAX_SLOTS, read_text
 
-ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # DeepSpeed's MultiNodeRunner.add_export quotes values with any other character in "...",
 # where the remote shell then expands $, `, \ and " — so those values would arrive changed.
 ENV_SAFE_VALUE_RE = re.compile(r"^[\w@%+=:,./-]*$")
 ENV_MANGLED_CHARS = set('$`"\\!\n\r')
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# One line of a hostfile as dscluster accepts it: DeepSpeed's `^(\S+)\s+slots=(\d+)` with
+# nothing after the count (DeepSpeed would silently read `slots=2x` as 2).
+HOSTFILE_LINE_RE = re.compile(r"(?P<host>\S+)\s+slots=(?P<slots>[0-9]+)")
+# The most hosts one inventory / hostfile / Slurm node or count list may name, checked
+# before a list is expanded. Above validate.MAX_HOSTS (4096): a Slurm allocation of 10,000
+# nodes is a list dscluster expands (tests/unit/test_slurm.py); 2(x99999999999) is not.
+MAX_HOSTS = 16_384
+SLOTS_RULE = f"slots must be a whole number 1-{MAX_SLOTS}"
+IPV6_RULE = (
+    "IPv6 literals cannot go in a hostfile; name the host and put the address in ansible_host"
+)
+
+
+def show(value: object, limit: int = 80) -> str:
+    """A value for a one-line message: repr, cut to `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 5] + "...'"
+
+
+def host_name_problem(host: object) -> str | None:
+    """Why `host` cannot be a hostfile / pdsh host name, or None when it can."""
+    if isinstance(host, str) and host.count(":") >= 2:
+        return f"{show(host)} is an IPv6 literal; {IPV6_RULE}"
+    if not isinstance(host, str) or not HOSTNAME_RE.fullmatch(host):
+        return (
+            f"host name {show(host)} cannot go in a DeepSpeed hostfile or a pdsh -w list; "
+            "rename it in the inventory (letters, digits, '.', '_', '-', starting with a "
+            "letter or digit)"
+        )
+    return None
+
+
+def check_slots(host: str, slots: object) -> int:
+    """Slots of one host: a whole number 1..MAX_SLOTS (validate.MAX_SLOTS)."""
+    if not isinstance(slots, int) or isinstance(slots, bool) or not 1 <= slots <= MAX_SLOTS:
+        raise DsclusterError(
+            f"host {host} has slots={slots}; {SLOTS_RULE} (set dscluster_cpu_slots 1-"
+            f"{MAX_SLOTS} for CPU nodes, or check its accelerators)"
+        )
+    return slots
+
+
+class _FactsError(Exception):
+    """One problem in a facts file, as `<dotted key> <problem>`."""
+
+
+def _get(data: Mapping[str, Any], dotted: str, default: Any = dataclasses.MISSING) -> Any:
+    node: Any = data
+    for i, key in enumerate(dotted.split(".")):
+        where = ".".join(dotted.split(".")[:i]) or "the file"
+        if not isinstance(node, Mapping):
+            raise _FactsError(f"{where} is a {type(node).__name__}, not a mapping")
+        if key not in node or node[key] is None:
+            if default is not dataclasses.MISSING:
+                return default
+            raise _FactsError(f"{dotted} is missing")
+        node = node[key]
+    return node
+
+
+def _count(data: Mapping[str, Any], dotted: str, default: Any = dataclasses.MISSING) -> int:
+    """A whole number >= 0 (an int, or digits as Ansible's templates sometimes write them)."""
+    value = _get(data, dotted, default)
+    if isinstance(value, str) and re.fullmatch(r"[0-9]{1,9}", value.strip()):
+        return int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise _FactsError(f"{dotted} is {show(value)}, not a whole number >= 0")
+    return value
+
+
+def _text(data: Mapping[str, Any], dotted: str, default: Any = dataclasses.MISSING) -> str:
+    value = _get(data, dotted, default)
+    if not isinstance(value, str | int | float) or isinstance(value, bool):
+        raise _FactsError(f"{dotted} is {show(value)}, not text")
+    return str(value)
+
+
+def _mapping(data: Mapping[str, Any], dotted: str) -> dict[str, Any]:
+    value = _get(data, dotted, {})
+    if not isinstance(value, Mapping):
+        raise _FactsError(f"{dotted} is {show(value)}, not a mapping")
+    return dict(value)
+
+
+def _models(acc: Mapping[str, Any]) -> tuple[str, ...]:
+    for vendor in ("nvidia", "habana"):
+        models = _get(acc, f"{vendor}.models", None)
+        if models:
+            if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+                raise _FactsError(f"accelerators.{vendor}.models is {show(models)}, not a list")
+            return tuple(models)
+    return ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,37 +159,56 @@ class NodeFacts:
         return self.accelerator_count if self.accelerator != "cpu" else self.cpu_slots
 
     @classmethod
-    def from_json(cls, host: str, data: Mapping[str, Any]) -> NodeFacts:
+    def from_json(cls, host: str, data: Any, source: str = "") -> NodeFacts:
+        """Facts of `host` from its JSON document; any wrong shape or type is one
+        DsclusterError naming the key (and `source`, the file)."""
         try:
-            acc = data["accelerators"]
-            nccl_env = data.get("nccl_env") or {}
-            if not isinstance(nccl_env, Mapping) or not isinstance(
-                nccl_env.get("env", {}), Mapping
-            ):
-                raise TypeError(f"nccl_env is {nccl_env!r}, not a mapping with an env mapping")
+            if not isinstance(data, Mapping):
+                raise _FactsError(f"the file holds a {type(data).__name__}, not a mapping")
+            nccl_env = _mapping(data, "nccl_env")
+            if not isinstance(nccl_env.get("env", {}), Mapping):
+                raise _FactsError(
+                    f"nccl_env is {show(nccl_env)}, not a mapping with an env mapping"
+                )
+            acc = _mapping(data, "accelerators")
             return cls(
                 host=host,
-                accelerator=str(acc["kind"]),
-                accelerator_count=int(acc["count"]),
-                cpu_slots=int(data.get("cpu_slots", 1)),
-                interface=str(data.get("interface", "")),
-                address=str(data.get("address", "")),
-                venv=str(data["versions"]["venv"]),
-                torch_extensions_dir=str(data["versions"]["torch_extensions_dir"]),
-                cpus=int(acc.get("cpus", 1)),
-                versions=dict(data.get("versions", {})),
-                nccl_env=dict(nccl_env),
-                models=tuple(
-                    str(m)
-                    for m in (acc.get("nvidia") or {}).get("models")
-                    or (acc.get("habana") or {}).get("models")
-                    or ()
-                ),
+                accelerator=_text(data, "accelerators.kind"),
+                accelerator_count=_count(data, "accelerators.count"),
+                cpu_slots=_count(data, "cpu_slots", 1),
+                interface=_text(data, "interface", ""),
+                address=_text(data, "address", ""),
+                venv=_text(data, "versions.venv"),
+                torch_extensions_dir=_text(data, "versions.torch_extensions_dir"),
+                cpus=_count(data, "accelerators.cpus", 1),
+                versions=_mapping(data, "versions"),
+                nccl_env=nccl_env,
+                models=_models(acc),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except _FactsError as exc:
+            where = f"{source}: " if source else ""
             raise DsclusterError(
-                f"recorded facts of {host} are incomplete ({exc}); run 'dscluster provision' again"
-            ) from exc
+                f"recorded facts of {host} are incomplete ({where}{exc}); run "
+                "'dscluster provision' again to record them"
+            ) from None
+
+
+def read_facts_file(path: pathlib.Path, host: str) -> NodeFacts:
+    """One facts file: UTF-8 JSON holding a mapping of the recorded facts."""
+    text = read_text(path, "recorded facts file")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DsclusterError(
+            f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); run "
+            "'dscluster provision' to record it again"
+        ) from None
+    except (ValueError, RecursionError):  # a number of thousands of digits, deep nesting
+        raise DsclusterError(
+            f"{path} is not recorded facts (a huge number or deep nesting); run "
+            "'dscluster provision' again"
+        ) from None
+    return NodeFacts.from_json(host, data, str(path))
 
 
 def load_facts(inv: Inventory, exclude: Iterable[str] = ()) -> list[NodeFacts]:
@@ -112,13 +225,7 @@ def load_facts(inv: Inventory, exclude: Iterable[str] = ()) -> list[NodeFacts]:
         if not path.is_file():
             missing.append(host)
             continue
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise DsclusterError(
-                f"{path} is not valid JSON ({exc}); run 'dscluster provision'"
-            ) from exc
-        result.append(NodeFacts.from_json(host, data))
+        result.append(read_facts_file(path, host))
     if missing:
         raise DsclusterError(
             f"no recorded facts for {', '.join(missing)} in {facts_dir}; run "
@@ -128,35 +235,76 @@ def load_facts(inv: Inventory, exclude: Iterable[str] = ()) -> list[NodeFacts]:
 
 
 def render_hostfile(entries: Iterable[tuple[str, int]]) -> str:
-    """`host slots=N` lines, in the given order (head first); validated."""
+    """`host slots=N` lines, in the given order (head first); validated: every line
+    matches DeepSpeed's `^(\\S+)\\s+slots=(\\d+)`, no host twice, slots 1..MAX_SLOTS."""
     entries = list(entries)
     if not entries:
         raise DsclusterError("the cluster has no hosts; add hosts to the inventory")
+    if len(entries) > MAX_HOSTS:
+        raise DsclusterError(
+            f"the cluster has {len(entries)} hosts; at most {MAX_HOSTS} fit one hostfile"
+        )
     seen: set[str] = set()
     lines = []
     for host, slots in entries:
-        if not HOSTNAME_RE.fullmatch(host):
-            raise DsclusterError(
-                f"host name {host!r} cannot go in a DeepSpeed hostfile or a pdsh -w list; "
-                "rename it in the inventory (letters, digits, '.', '_', '-')"
-            )
+        if problem := host_name_problem(host):
+            raise DsclusterError(problem)
         if host in seen:
             raise DsclusterError(
                 f"host {host} appears twice; list every host once in the inventory"
             )
-        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
-            raise DsclusterError(
-                f"host {host} has slots={slots}; a node needs at least one slot (set "
-                "dscluster_cpu_slots >= 1 for CPU nodes, or check its accelerators)"
-            )
+        check_slots(host, slots)
         seen.add(host)
         lines.append(f"{host} slots={slots}")
     return "\n".join(lines) + "\n"
 
 
+def _lines(text: str) -> list[str]:
+    """Lines as DeepSpeed reads a file (readlines: split on \\n only)."""
+    lines = text.split("\n")
+    return lines[:-1] if lines and lines[-1] == "" else lines
+
+
+def parse_hostfile(text: str, source: str) -> list[tuple[str, int]]:
+    """A hostfile (perhaps edited by hand) as DeepSpeed reads it: `host slots=N` per line,
+    blank lines and `#` comments skipped; anything DeepSpeed would refuse, or read other
+    than it looks (`slots=2x`), is refused with the file and line."""
+    fix = "write it as 'host slots=N' or rewrite it with 'dscluster hostfile'"
+    entries: list[tuple[str, int]] = []
+    seen: set[str] = set()
+    for number, raw in enumerate(_lines(text), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        where = f"{source} line {number}"
+        m = HOSTFILE_LINE_RE.fullmatch(line)
+        if not m:
+            raise DsclusterError(
+                f"{where}: {show(line)} is not 'host slots=N' ({SLOTS_RULE}); {fix}"
+            )
+        host, digits = m["host"], m["slots"].lstrip("0") or "0"
+        slots = int(digits) if len(digits) <= len(str(MAX_SLOTS)) else MAX_SLOTS + 1
+        if problem := host_name_problem(host):
+            raise DsclusterError(f"{where}: {problem}")
+        if not 1 <= slots <= MAX_SLOTS:
+            raise DsclusterError(f"{where}: {show(line)}: {SLOTS_RULE}; {fix}")
+        if host in seen:
+            raise DsclusterError(f"{where}: host {host} appears twice; list it once")
+        seen.add(host)
+        entries.append((host, slots))
+    if not entries:
+        raise DsclusterError(f"{source} lists no hosts; {fix}")
+    return entries
+
+
 def check_env_value(key: str, value: str) -> None:
-    if not ENV_KEY_RE.match(key):
-        raise DsclusterError(f".deepspeed_env key {key!r} is not a shell variable name; rename it")
+    if not isinstance(key, str) or not ENV_KEY_RE.fullmatch(key):
+        raise DsclusterError(
+            f".deepspeed_env key {show(key)} is not a shell variable name; rename it "
+            "(letters, digits and '_', not starting with a digit)"
+        )
+    if not isinstance(value, str):
+        raise DsclusterError(f".deepspeed_env value of {key} is {show(value)}, not text; quote it")
     if value == "" or value != value.strip():
         raise DsclusterError(
             f".deepspeed_env value of {key} is empty or has surrounding blanks, "
@@ -167,6 +315,11 @@ def check_env_value(key: str, value: str) -> None:
         raise DsclusterError(
             f".deepspeed_env value of {key} contains {''.join(bad)!r}, which DeepSpeed's pdsh "
             "launcher would expand or mangle; remove those characters"
+        )
+    if not value.isprintable():
+        raise DsclusterError(
+            f".deepspeed_env value of {key} ({show(value)}) contains a control character, "
+            "which DeepSpeed's pdsh launcher would pass through a shell; remove it"
         )
 
 
@@ -182,10 +335,11 @@ def render_env(env: Mapping[str, str]) -> str:
 
 
 def parse_env_file(text: str, source: str) -> dict[str, str]:
-    """A `.deepspeed_env` as DeepSpeed reads it: `KEY=VALUE` per line, split once on `=`,
-    key and value stripped; anything else is refused with the line number."""
+    """A `.deepspeed_env` as DeepSpeed reads it: `KEY=VALUE` per line (lines split on \\n as
+    readlines does), split once on `=`, key and value stripped; anything else is refused
+    with the line number."""
     env: dict[str, str] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(_lines(text), start=1):
         if "=" not in line:
             raise DsclusterError(
                 f"{source} line {number} is not KEY=VALUE (DeepSpeed would fail on it); fix it "
@@ -193,9 +347,50 @@ def parse_env_file(text: str, source: str) -> dict[str, str]:
             )
         key, value = line.split("=", 1)
         key, value = key.strip(), value.strip()
-        check_env_value(key, value)
+        try:
+            check_env_value(key, value)
+        except DsclusterError as exc:
+            raise DsclusterError(f"{source} line {number}: {exc}") from None
         env[key] = value
     return env
+
+
+def env_text(key: object, value: object, where: str) -> str:
+    """One value of dscluster_extra_env as the text `.deepspeed_env` carries: strings as
+    they are, whole and finite numbers in decimal, booleans as 1 / 0 (how NCCL, torch and
+    most launchers read a flag); null, lists and mappings refused naming the key."""
+    if not isinstance(key, str) or not ENV_KEY_RE.fullmatch(key):
+        raise DsclusterError(
+            f"{where}: key {show(key)} is not an environment variable name; use letters, "
+            "digits and '_', not starting with a digit (e.g. OMP_NUM_THREADS)"
+        )
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise DsclusterError(f"{where}: {key} is {value}; give a finite number or a string")
+        return repr(value)
+    if isinstance(value, str):
+        return value
+    kind = "null" if value is None else type(value).__name__
+    raise DsclusterError(
+        f"{where}: {key} is {kind} ({show(value)}); give it a plain value, e.g. {key}: '4' "
+        "(a string, number or true/false), or remove the key"
+    )
+
+
+def extra_env_texts(extra: object, where: str) -> dict[str, str]:
+    """dscluster_extra_env (or an extra_env argument) as {KEY: text}; see env_text."""
+    if extra is None:
+        return {}
+    if not isinstance(extra, Mapping):
+        raise DsclusterError(
+            f"{where} is {type(extra).__name__} ({show(extra)}), not a mapping; write it as "
+            "KEY: value pairs, e.g. {OMP_NUM_THREADS: 4}"
+        )
+    return {str(k): env_text(k, v, where) for k, v in extra.items()}
 
 
 def _one_path(facts: list[NodeFacts], field: str, variable: str) -> str:
@@ -312,13 +507,13 @@ def read_degraded(inv: Inventory) -> dict[str, dict[str, str]]:
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_text(path, "degraded-nodes record"))
         excluded = data["excluded"]
         if not isinstance(excluded, dict) or not all(
             isinstance(v, dict) and isinstance(v.get("reason"), str) for v in excluded.values()
         ):
             raise TypeError("'excluded' is not a mapping of host -> {reason, since}")
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise DsclusterError(
             f"{path} is not a degraded-nodes record ({exc}); delete it and run "
             "'dscluster provision' again"
@@ -427,10 +622,14 @@ def render_launch_files(
         "DSCLUSTER_SCRATCH_DIR": paths.scratch_dir,
         "DSCLUSTER_SHARED_STORAGE": paths.kind,
     }
-    extra.update(inv.var(inv.head, "dscluster_extra_env", {}) or {})
-    extra.update(extra_env or {})
+    extra.update(
+        extra_env_texts(
+            inv.var(inv.head, "dscluster_extra_env"), f"dscluster_extra_env in {inv.source}"
+        )
+    )
+    extra.update(extra_env_texts(extra_env, "the extra environment"))
     env, warnings = derive_launch_env(facts, extra)
-    env_text = render_env(env)
+    env_file_text = render_env(env)
     if excluded:
         warnings = [degraded_warning(inv, excluded), *warnings]
     return LaunchFiles(
@@ -439,5 +638,5 @@ def render_launch_files(
         facts=facts,
         warnings=warnings,
         hostfile_text=hostfile_text,
-        env_text=env_text,
+        env_text=env_file_text,
     )

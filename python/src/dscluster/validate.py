@@ -23,7 +23,7 @@ from .errors import DsclusterError
 
 MAX_PORT = 65535
 MAX_SLOTS = 1024  # per node: more than any machine has accelerators or sensible CPU ranks
-MAX_NODES = 4096
+MAX_NODES = 16_384  # as hostfile.MAX_HOSTS: node lists, host lists, --nodes
 MAX_SECONDS = 7 * 24 * 3600
 MAX_STEPS = 10_000_000
 

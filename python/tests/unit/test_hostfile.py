@@ -479,3 +479,88 @@ def run_hostfile(capsys, inv_dir: pathlib.Path) -> str:
 
 def degraded_hosts(inv_dir: pathlib.Path) -> list[str]:
     return list(json.loads((inv_dir / "degraded.json").read_text())["excluded"])
+
+
+# ---- issue 14: natural YAML in extra_env, hand-edited files, one transaction ----------------
+
+
+def _with_extra_env(inventory_dir: pathlib.Path, yaml_value: str) -> inventory.Inventory:
+    hosts = inventory_dir / "hosts.yml"
+    hosts.write_text(
+        hosts.read_text().replace(
+            "dscluster_cpu_slots: 1",
+            f"dscluster_cpu_slots: 1\n    dscluster_extra_env: {yaml_value}",
+        )
+    )
+    return inventory.load(inventory_dir)
+
+
+def test_extra_env_numbers_and_bools_become_text(inventory_dir: pathlib.Path):
+    inv = _with_extra_env(inventory_dir, "{OMP_NUM_THREADS: 4, NCCL_IB_DISABLE: true, LR: 0.5}")
+    files = hostfile.write_launch_files(inv)
+    env = hostfile.parse_env_file(files.env_file.read_text(), "x")
+    assert (env["OMP_NUM_THREADS"], env["NCCL_IB_DISABLE"], env["LR"]) == ("4", "1", "0.5")
+
+
+@pytest.mark.parametrize(
+    ("yaml_value", "needle"),
+    [
+        ("{OMP_NUM_THREADS: null}", "OMP_NUM_THREADS is null"),
+        ("{A: {b: 1}}", "A is dict"),
+        ("[A=1]", "is list"),
+        ("{1X: 4}", "key '1X' is not an environment variable name"),
+    ],
+)
+def test_extra_env_refused_naming_the_key(inventory_dir: pathlib.Path, yaml_value, needle):
+    inv = _with_extra_env(inventory_dir, yaml_value)
+    with pytest.raises(DsclusterError, match=re.escape(needle)):
+        hostfile.write_launch_files(inv)
+    assert not (inventory_dir / "hostfile").exists()
+
+
+def test_launch_files_are_one_transaction(inventory_dir: pathlib.Path):
+    (inventory_dir / "hostfile").write_text("# by hand\nnode-a slots=1\n")
+    (inventory_dir / ".deepspeed_env").mkdir()
+    with pytest.raises(DsclusterError, match="deepspeed_env: it is a directory"):
+        hostfile.write_launch_files(inventory.load(inventory_dir))
+    assert (inventory_dir / "hostfile").read_text() == "# by hand\nnode-a slots=1\n"
+
+
+def test_parse_hostfile_as_deepspeed_reads_it():
+    text = "# by hand\n\nn1 slots=2\n  n2\tslots=8  \n"
+    assert hostfile.parse_hostfile(text, "hf") == [("n1", 2), ("n2", 8)]
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("n1 slots=2\nn2 slots=two\n", "hf line 2: 'n2 slots=two' is not 'host slots=N'"),
+        ("n1 slots=2x\n", "line 1"),
+        ("n1 slots=0\n", "slots must be a whole number 1-1024"),
+        ("n1 slots=99999999999999\n", "slots must be a whole number 1-1024"),
+        ("n1 slots=1\nn1 slots=2\n", "line 2: host n1 appears twice"),
+        ("fe80::1 slots=1\n", "IPv6 literals cannot go in a hostfile"),
+        ("# nothing\n", "lists no hosts"),
+        ("n1\n", "is not 'host slots=N'"),
+    ],
+)
+def test_parse_hostfile_refuses_with_file_line_and_fix(text, needle):
+    with pytest.raises(DsclusterError, match=re.escape(needle)) as info:
+        hostfile.parse_hostfile(text, "hf")
+    assert str(info.value).startswith("hf")  # the file (and line) first
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        (b"\xff\xfe", "not UTF-8"),
+        (b"[1, 2]", "holds a list, not a mapping"),
+        (b"{", "not valid JSON"),
+        (b"1" * 5000, "a huge number"),
+    ],
+)
+def test_facts_files_refused_in_one_line(tmp_path: pathlib.Path, data, needle):
+    path = tmp_path / "n1.json"
+    path.write_bytes(data)
+    with pytest.raises(DsclusterError, match=re.escape(needle)):
+        hostfile.read_facts_file(path, "n1")

@@ -78,3 +78,27 @@ def test_one_set_of_name_rules():
     with pytest.raises(DsclusterError, match="inventory name 'Bad' is not usable"):
         names.check_inventory_name("Bad")
     assert names.HOSTNAME_RE.match("ip-10-0-0-12") and not names.HOSTNAME_RE.match("-x")
+
+
+def test_writer_writes_hosts_yml_hostfile_and_known_hosts_as_one(tmp_path: pathlib.Path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "hosts.yml").write_text("old\n")
+    (tmp_path / "kh").mkdir()  # the known_hosts target cannot be written
+    described = cluster.Cluster(
+        name="x",
+        nodes=[cluster.Node("a", 1, {}), cluster.Node("b", 2, {})],
+        vars={},
+        header="---\n",
+        known_hosts=tmp_path / "kh",
+        known_hosts_text="a ssh-ed25519 AAAA\n",
+    )
+    with pytest.raises(DsclusterError, match="kh: it is a directory"):
+        cluster.write(described, out)
+    assert (out / "hosts.yml").read_text() == "old\n"
+    assert sorted(p.name for p in out.iterdir()) == ["hosts.yml"]
+    (tmp_path / "kh").rmdir()
+    written = cluster.write(described, out)
+    assert written.hostfile is not None
+    assert written.hostfile.read_text() == "a slots=1\nb slots=2\n"
+    assert (tmp_path / "kh").stat().st_mode & 0o777 == 0o600

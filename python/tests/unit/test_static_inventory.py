@@ -11,7 +11,7 @@ from dscluster.errors import DsclusterError
 from dscluster.inventory import load
 from dscluster.sources import static
 
-from .clirun import DS_HOSTFILE_RE, one_line_error, run_cli
+from .clirun import DS_HOSTFILE_RE, one_line_error, run_cli, run_main
 
 
 @pytest.mark.parametrize(
@@ -60,6 +60,7 @@ def test_order_head():
 def test_inventory_static_writes_hosts_and_hostfile(tmp_path):
     out = tmp_path / "inv"
     key = tmp_path / "id_ed25519"
+    key.write_text("a key\n")  # --key-file must exist
     rc, stdout, err = run_cli(
         "inventory", "static", "--hosts", "gpu-01:4,gpu-02:2,cpu[1-2]", "--head", "gpu-02",
         "--user", "ubuntu", "--key-file", str(key), "--name", "lab", "--out", str(out),
@@ -113,6 +114,7 @@ def test_inventory_static_rewrites_atomically(tmp_path):
 )
 def test_inventory_static_errors_one_line_nothing_written(tmp_path, argv, needle):
     out = tmp_path / "inv"
-    line = one_line_error(run_cli("inventory", "static", "--out", str(out), *argv))
+    # Refused by the argument checks (exit 2) or while reading the hosts (exit 1).
+    line = one_line_error(run_main("inventory", "static", "--out", str(out), *argv), rc=(1, 2))
     assert needle in line
     assert not out.exists()

@@ -120,14 +120,10 @@ def out(parser: argparse.ArgumentParser, *, help: str, old: Sequence[str] = (), 
 
 def ssh(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--user", help="SSH user Ansible logs in as (ansible_user)")
-    parser.add_argument(
-        "--key-file",
-        type=validate.existing_file_type("--key-file"),
-        help="SSH private key (ansible_ssh_private_key_file)",
-    )
+    # Both must exist: cli/inventory.check_static_or_slurm refuses them before anything runs.
+    parser.add_argument("--key-file", help="SSH private key (ansible_ssh_private_key_file)")
     parser.add_argument(
         "--known-hosts",
-        type=validate.existing_file_type("--known-hosts"),
         help="known_hosts holding the nodes' host keys (UserKnownHostsFile); checking stays on",
     )
 

@@ -8,6 +8,7 @@ import pathlib
 
 from rich.console import Console
 
+from ..errors import DsclusterError
 from . import flags
 
 
@@ -77,7 +78,7 @@ def _slurm(isub) -> None:
     flags.slots(p, default=None, help="slots per node (default: GPUs, tasks or CPUs Slurm gave)")
     flags.out(p, help="directory to write (default inventories/<name>)")
     flags.ssh(p)
-    p.set_defaults(func=cmd_inventory_slurm)
+    p.set_defaults(func=cmd_inventory_slurm, check=check_static_or_slurm)
 
 
 def _static(isub) -> None:
@@ -92,7 +93,7 @@ def _static(isub) -> None:
     p.add_argument("--name", default="static", help="inventory name (default static)")
     flags.out(p, help="directory to write (default inventories/<name>)")
     flags.ssh(p)
-    p.set_defaults(func=cmd_inventory_static)
+    p.set_defaults(func=cmd_inventory_static, check=check_static_or_slurm)
 
 
 def cmd_inventory_aws(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -121,6 +122,20 @@ def cmd_inventory_aws(args: argparse.Namespace, out: Console, err: Console) -> i
         highlight=False,
     )
     return 0
+
+
+def check_static_or_slurm(args: argparse.Namespace) -> None:
+    """Before anything runs: --name, --slots, -o, --user, --key-file, --known-hosts."""
+    from ..sources import names, static  # noqa: PLC0415
+    from ..validate import MAX_SLOTS, check_out_dir  # noqa: PLC0415
+
+    names.check_inventory_name(args.name)
+    if args.slots is not None and not 1 <= args.slots <= MAX_SLOTS:
+        raise DsclusterError(
+            f"--slots {args.slots} is out of range; use 1 or more (at most {MAX_SLOTS})"
+        )
+    check_out_dir(args.out or static.default_out(args.name))
+    static.ssh_vars(args.user, args.key_file, args.known_hosts)
 
 
 def cmd_inventory_slurm(args: argparse.Namespace, out: Console, err: Console) -> int:

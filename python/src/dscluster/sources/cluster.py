@@ -3,8 +3,8 @@
 A source (local, aws, slurm, static) decides the cluster; `write` turns that description
 into `inventories/<name>/hosts.yml` (plain YAML a person can edit: group `head` holds one
 host, `workers` the others, then any groups the source adds) and the DeepSpeed `hostfile`
-(`host slots=N`, head first), both rendered before either is written, each written
-atomically; then the cluster's known_hosts where the source learnt host keys.
+(`host slots=N`, head first) and the cluster's known_hosts where the source learnt host
+keys: all rendered first, then written as one transaction (util.write_files).
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import dataclasses
 import pathlib
 from typing import Any
 
+import yaml
+
 from ..hostfile import render_hostfile
-from ..inventory import write_hosts_yml
-from ..util import atomic_write
+from ..util import write_files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,17 +68,23 @@ class Written:
     hostfile: pathlib.Path | None
 
 
+def render_hosts_yml(data: dict[str, Any], header: str) -> str:
+    """hosts.yml as inventory.write_hosts_yml writes it: the header, then plain YAML."""
+    return header.rstrip() + "\n" + yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+
+
 def write(cluster: Cluster, out: pathlib.Path) -> Written:
-    """Render hosts.yml and hostfile, then write both atomically (nothing on any error)."""
-    hostfile_text = (
-        render_hostfile((n.name, n.slots) for n in cluster.nodes) if cluster.hostfile else None
-    )
-    data = cluster.data()
-    hosts_yml = write_hosts_yml(out, data, cluster.header)
+    """Render hosts.yml, hostfile and known_hosts, then write them as one transaction
+    (util.write_files): on any error every file that was there is unchanged."""
+    hosts_yml = out / "hosts.yml"
+    files: dict[pathlib.Path, str] = {hosts_yml: render_hosts_yml(cluster.data(), cluster.header)}
+    modes = {}
     hostfile = None
-    if hostfile_text is not None:
+    if cluster.hostfile:
         hostfile = out / "hostfile"
-        atomic_write(hostfile, hostfile_text)
+        files[hostfile] = render_hostfile((n.name, n.slots) for n in cluster.nodes)
     if cluster.known_hosts is not None and cluster.known_hosts_text is not None:
-        atomic_write(cluster.known_hosts, cluster.known_hosts_text, mode=0o600)
+        files[cluster.known_hosts] = cluster.known_hosts_text
+        modes[cluster.known_hosts] = 0o600
+    write_files(files, modes=modes)
     return Written(hosts_yml, hostfile)

@@ -1,10 +1,11 @@
 """Slurm as an inventory source: `dscluster inventory slurm`.
 
 It runs inside an allocation (salloc / sbatch) or takes --nodelist: the node list
-(`gpu-[001-004,010],cpu7`) is expanded with python-hostlist (Slurm's own
-`scontrol show hostnames` where python-hostlist refuses a list, or where no list is given
-but scontrol is there), slots per node come from what Slurm says about the allocation, and
-`inventories/<name>/hosts.yml` + `hostfile` are written, head = the first node.
+(`gpu-[001-004,010],cpu7`) is checked (names, brackets, at most hostfile.MAX_HOSTS nodes,
+before expanding) and expanded with python-hostlist (Slurm's own `scontrol show hostnames`
+where no list is given but scontrol is there), slots per node come from what Slurm says
+about the allocation, and `inventories/<name>/hosts.yml` + `hostfile` are written as one
+transaction, head = the first node.
 
 The pure parts (`expand_nodelist`, `parse_cpus_per_node`, `slots_from_env`) do no I/O, so
 tests and scripts/bench_nodelist.py call them directly. Batch scripts are a job, not a
@@ -24,13 +25,15 @@ from typing import Any
 import hostlist
 
 from ..errors import DsclusterError
+from ..hostfile import MAX_HOSTS, SLOTS_RULE, show
+from ..validate import MAX_SLOTS, check_out_dir
 from . import static
 from .cluster import write
-from .names import check_inventory_name
+from .names import check_host_name, check_inventory_name
 
 # One item of SLURM_JOB_CPUS_PER_NODE / SLURM_TASKS_PER_NODE: `72`, or `36(x2)` (two nodes).
-CPUS_ITEM_RE = re.compile(r"^(?P<count>[0-9]+)(?:\(x(?P<repeat>[0-9]+)\))?$")
-POSINT_RE = re.compile(r"^[0-9]+$")
+CPUS_ITEM_RE = re.compile(r"(?P<count>[0-9]{1,9})(?:\(x(?P<repeat>[0-9]{1,12})\))?")
+POSINT_RE = re.compile(r"[0-9]{1,9}")
 
 # ---- Node lists and slots (pure) ---------------------------------------------------------
 
@@ -39,60 +42,90 @@ def expand_nodelist(nodelist: str) -> list[str]:
     """Slurm's compressed node list -> host names, in Slurm's order, with python-hostlist.
 
     `gpu-[001-004,010],cpu7` -> gpu-001 … gpu-004, gpu-010, cpu7. A repeated node is an error
-    (Slurm never lists one twice; a hand-written --nodelist might).
+    (Slurm never lists one twice; a hand-written --nodelist might); so is a list of more than
+    hostfile.MAX_HOSTS nodes (refused before it is expanded).
     """
-    text = (nodelist or "").strip()
-    if not text:
+    if not (nodelist or "").strip():
         raise DsclusterError(
             "the node list is empty; run inside an allocation (salloc/sbatch) or pass --nodelist"
         )
-    try:
-        nodes = list(hostlist.expand_hostlist(text, allow_duplicates=True))
-    except hostlist.BadHostlist as exc:
+    text = static.check_one_line(nodelist, "node list").strip()
+    parts = static.split_top_level(text, "node list")
+    if not all(parts):
         raise DsclusterError(
-            f"cannot expand node list {text!r} ({exc}); pass it as Slurm prints it, "
+            f"node list {show(text)} has an empty entry; pass it as Slurm prints it, "
             "e.g. gpu-[001-004,010],cpu7"
-        ) from exc
-    if len(set(nodes)) != len(nodes):
-        seen: set[str] = set()
-        for node in nodes:
-            if node in seen:
-                raise DsclusterError(
-                    f"node {node} appears twice in node list {text!r}; list it once"
-                )
-            seen.add(node)
+        )
+    nodes = [n for group in static.expand_list(parts, text, "node list") for n in group]
+    seen: set[str] = set()
+    for node in nodes:
+        check_host_name(node)
+        if node in seen:
+            raise DsclusterError(
+                f"node {node} appears twice in node list {show(text)}; list it once"
+            )
+        seen.add(node)
     return nodes
 
 
-def parse_cpus_per_node(value: str) -> list[int]:
-    """Slurm's per-node count format (SLURM_JOB_CPUS_PER_NODE): `2(x3),1` -> [2, 2, 2, 1]."""
-    counts: list[int] = []
+def parse_counts(value: str, variable: str = "SLURM_JOB_CPUS_PER_NODE") -> list[int]:
+    """Slurm's per-node count format (SLURM_JOB_CPUS_PER_NODE, SLURM_TASKS_PER_NODE):
+    `2(x3),1` -> [2, 2, 2, 1]; more than hostfile.MAX_HOSTS nodes refused before expanding."""
+    items: list[tuple[int, int]] = []
     for item in (value or "").split(","):
-        m = CPUS_ITEM_RE.match(item.strip())
-        if not m:
+        m = CPUS_ITEM_RE.fullmatch(item.strip())
+        if not m or (m["repeat"] is not None and int(m["repeat"]) == 0):
             raise DsclusterError(
-                f"cannot read per-node counts {value!r}: {item!r} is not N or N(xM); "
-                "pass --slots instead"
+                f"cannot read per-node counts {variable}={show(value)}: {show(item)} is not "
+                "N or N(xM); pass --slots instead"
             )
-        counts.extend([int(m["count"])] * int(m["repeat"] or 1))
-    return counts
+        items.append((int(m["count"]), int(m["repeat"] or 1)))
+    if sum(repeat for _, repeat in items) > MAX_HOSTS:
+        raise DsclusterError(
+            f"{variable}={show(value)} describes more than {MAX_HOSTS} nodes, the most one "
+            "inventory holds; pass --slots N and a shorter --nodelist"
+        )
+    return [count for count, repeat in items for _ in range(repeat)]
 
 
-def gpu_count(value: str) -> int:
+def parse_cpus_per_node(value: str) -> list[int]:
+    """SLURM_JOB_CPUS_PER_NODE: `2(x3),1` -> [2, 2, 2, 1] (see parse_counts)."""
+    return parse_counts(value, "SLURM_JOB_CPUS_PER_NODE")
+
+
+def gpu_count(value: str, variable: str = "SLURM_GPUS_PER_NODE") -> int:
     """GPUs in SLURM_GPUS_PER_NODE / gres form: `4`, `a100:4`, `gpu:a100:4`, `a100:2,v100:2`."""
     total = 0
     for item in value.split(","):
         # gres may carry an index suffix: gpu:a100:4(IDX:0-3)
         last = item.split("(")[0].strip().split(":")[-1]
-        if not POSINT_RE.match(last):
-            raise DsclusterError(f"cannot read a GPU count from {value!r}; pass --slots instead")
+        if not POSINT_RE.fullmatch(last):
+            raise DsclusterError(
+                f"cannot read a GPU count from {variable}={show(value)}; pass --slots instead"
+            )
         total += int(last)
     return total
 
 
 def _positive(env: Mapping[str, str], key: str) -> int | None:
+    """A count Slurm set: None when unset, empty or 0; anything but a whole number refused."""
     value = env.get(key, "").strip()
-    return int(value) if POSINT_RE.match(value) and int(value) > 0 else None
+    if not value:
+        return None
+    if not POSINT_RE.fullmatch(value):
+        raise DsclusterError(
+            f"{key}={show(value)} is not a whole number of slots per node; fix the variable "
+            "or pass --slots N"
+        )
+    return int(value) or None
+
+
+def _bounded(counts: list[int], variable: str, raw: str) -> list[int]:
+    if counts and max(counts) > MAX_SLOTS:
+        raise DsclusterError(
+            f"{variable}={show(raw)} gives a node {max(counts)} slots; {SLOTS_RULE}: pass --slots N"
+        )
+    return counts
 
 
 def slots_and_source(env: Mapping[str, str], nodes: Sequence[str]) -> tuple[list[int], str]:
@@ -100,8 +133,13 @@ def slots_and_source(env: Mapping[str, str], nodes: Sequence[str]) -> tuple[list
 
     GPUs first (SLURM_GPUS_ON_NODE, SLURM_JOB_GPUS, SLURM_GPUS_PER_NODE), then tasks per
     node, then CPUs per node (SLURM_JOB_CPUS_PER_NODE, heterogeneous where Slurm says so),
-    else one slot per node.
+    else one slot per node. Each count is checked (1..validate.MAX_SLOTS) naming its variable.
     """
+    counts, source = _slots_and_source(env, nodes)
+    return _bounded(counts, source, env.get(source, "")), source
+
+
+def _slots_and_source(env: Mapping[str, str], nodes: Sequence[str]) -> tuple[list[int], str]:
     count = len(nodes)
     if n := _positive(env, "SLURM_GPUS_ON_NODE"):
         return [n] * count, "SLURM_GPUS_ON_NODE"
@@ -164,14 +202,9 @@ def discover_nodes(nodelist: str | None, env: Mapping[str, str]) -> list[str]:
     """--nodelist, else SLURM_JOB_NODELIST/SLURM_NODELIST, else `scontrol show hostnames`."""
     text = nodelist or nodelist_from_env(env)
     if text:
-        try:
-            return expand_nodelist(text)
-        except DsclusterError:
-            if not shutil.which("scontrol"):
-                raise
-            nodes = scontrol_hostnames(text)  # Slurm's own parser has the last word
-            static.check_hosts([(n, 1) for n in nodes])
-            return nodes
+        # Refused here, never handed to scontrol: a list these rules refuse cannot go in a
+        # hostfile or a pdsh list anyway.
+        return expand_nodelist(text)
     if shutil.which("scontrol"):
         try:
             return scontrol_hostnames(None)
@@ -227,15 +260,18 @@ def write_inventory(
 ) -> WrittenInventory:
     """`dscluster inventory slurm`: the allocation's (or `nodelist`'s) nodes, written."""
     check_inventory_name(name)
-    if slots is not None and slots < 1:
-        raise DsclusterError(f"--slots {slots} is out of range; use 1 or more")
+    if slots is not None and not 1 <= slots <= MAX_SLOTS:
+        raise DsclusterError(
+            f"--slots {slots} is out of range; use 1 or more (at most {MAX_SLOTS})"
+        )
+    target = check_out_dir(out or static.default_out(name))
+    ssh_vars = ssh.vars()
     nodes = discover_nodes(nodelist, env)
     if slots is not None:
         counts, source = [slots] * len(nodes), "--slots"
     else:
         counts, source = slots_and_source(env, nodes)
-    spec = slurm_spec(name, nodes=nodes, slots=counts, source=source, env=env, ssh=ssh.vars())
-    target = out or static.default_out(name)
+    spec = slurm_spec(name, nodes=nodes, slots=counts, source=source, env=env, ssh=ssh_vars)
     job = spec.all_vars.get("dscluster_slurm_job_id")
     header = (
         "---\n"
