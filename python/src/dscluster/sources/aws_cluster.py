@@ -660,9 +660,11 @@ def down(sess: Any, cluster: str, *, wait_s: int = 600, say: Say = print) -> lis
         with aws_errors(region, endpoint(ec2)):
             _down(ec2, cluster, wait_s=wait_s, removed=removed, say=say)
     except DsclusterError as exc:
-        done = f"removed so far: {', '.join(removed)}" if removed else "nothing was removed"
+        if not removed:
+            raise
         raise DsclusterError(
-            f"{exc} ({done}); run 'dscluster aws down --cluster {cluster}' again once fixed"
+            f"{exc} (removed so far: {', '.join(removed)}); run 'dscluster aws down --cluster "
+            f"{cluster}' again once fixed"
         ) from exc
     return removed
 

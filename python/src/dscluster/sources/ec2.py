@@ -183,7 +183,8 @@ def _require_request_id(http_response: Any, parsed: Any, model: Any, **_: Any) -
     status = getattr(http_response, "status_code", 0)
     if status < 300 and not (parsed or {}).get("ResponseMetadata", {}).get("RequestId"):
         raise DsclusterError(
-            f"the endpoint {getattr(http_response, 'url', '?')} answered {model.name} with "
+            f"the endpoint {str(getattr(http_response, 'url', '?')).rstrip('/')} answered "
+            f"{model.name} with "
             "something that is not an EC2 response; check AWS_ENDPOINT_URL (unset it to use AWS)"
         )
 
@@ -237,11 +238,11 @@ def _client_error(exc: Any, where: str, url: str) -> DsclusterError:
     status = int(meta.get("HTTPStatusCode") or 0)
     code = str(error.get("Code") or "Unknown")
     op = getattr(exc, "operation_name", None) or "a request"
-    tries = int(meta.get("RetryAttempts") or 0) + 1
+    retries = int(meta.get("RetryAttempts") or 0)
     if status >= 500:
         return DsclusterError(
-            f"the EC2 endpoint {url} failed {op}{where} with HTTP {status} ({code}) after "
-            f"{tries} attempts; try again later, or check AWS_ENDPOINT_URL"
+            f"the EC2 endpoint {url} failed {op}{where} with HTTP {status} ({code}, retried "
+            f"{retries} times); try again later, or check AWS_ENDPOINT_URL"
         )
     if code == "Unknown" or code.isdigit():
         return DsclusterError(
