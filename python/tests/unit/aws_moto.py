@@ -9,6 +9,8 @@ moto's server answers EC2 over real HTTP, so dscluster's boto3 code runs unchang
 - moto's GetConsoleOutput is one fixed kernel log for every instance: console() sets what an
   instance's console shows (cloud-init's SSH host key block, as AWS returns it).
 - moto starts every instance 'running' at once: set_state() puts one into 'pending'.
+- refuse() makes the server answer one action with an EC2 error (a step of `aws up` failing
+  midway, a removal failing), until reset().
 - moto records every network interface as InterfaceType "interface", so what EFA request was
   made cannot be read back from DescribeInstances: the server keeps a log of every EC2 request
   it received (action + parameters), which the tests read (EFA interfaces, pagination).
@@ -32,6 +34,17 @@ _ids = itertools.count(1)
 PLACEMENT_GROUPS: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
 REQUESTS: list[tuple[str, dict[str, Any]]] = []
 CONSOLE: dict[str, str] = {}
+REFUSE: dict[str, tuple[str, str]] = {}
+# Actions refuse() can fail (EC2Response method names).
+REFUSABLE = (
+    "run_instances",
+    "create_tags",
+    "create_security_group",
+    "authorize_security_group_ingress",
+    "terminate_instances",
+    "delete_security_group",
+    "delete_placement_group",
+)
 
 
 def reset() -> None:
@@ -39,6 +52,31 @@ def reset() -> None:
         PLACEMENT_GROUPS.clear()
         REQUESTS.clear()
         CONSOLE.clear()
+        REFUSE.clear()
+
+
+def refuse(action: str, code: str = "InsufficientInstanceCapacity", message: str = "") -> None:
+    """Answer every later `action` (e.g. RunInstances) with this EC2 error."""
+    with _lock:
+        REFUSE[action] = (code, message or f"{action} refused by the test")
+
+
+def allow() -> None:
+    """Stop refusing (what refuse() set), keeping everything else."""
+    with _lock:
+        REFUSE.clear()
+
+
+def _refusable(original: Any) -> Any:
+    def method(self: EC2Response) -> Any:
+        with _lock:
+            refusal = REFUSE.get(self._get_action())
+        if refusal:
+            raise EC2ClientError(*refusal)
+        return original(self)
+
+    method.refusable = True  # type: ignore[attr-defined]
+    return method
 
 
 def requests(action: str) -> list[dict[str, Any]]:
@@ -160,6 +198,10 @@ def install() -> None:
     EC2Response.delete_placement_group = _delete_placement_group
     EC2Response.get_console_output = _get_console_output
     EC2Response.call_action = _call_action
+    for name in REFUSABLE:
+        original = getattr(EC2Response, name)
+        if not getattr(original, "refusable", False):
+            setattr(EC2Response, name, _refusable(original))
 
 
 def start() -> tuple[ThreadedMotoServer, str]:

@@ -28,6 +28,7 @@ from . import aws_moto
 
 REGION = "us-east-1"
 TAG = ec2_access.CLUSTER_TAG
+AMI_X = "ami-0123456789abcdef0"  # well formed, unknown to moto
 
 
 @pytest.fixture(scope="module")
@@ -123,12 +124,12 @@ def dsc(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
-    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+def one_line_error(proc: subprocess.CompletedProcess[str], rc: int = 1) -> str:
+    assert proc.returncode == rc, (proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("dscluster: error: ")
+    assert lines[0].startswith("dscluster") and ": error: " in lines[0], lines[0]
     return lines[0]
 
 
@@ -584,7 +585,7 @@ def test_up_needs_an_ami_and_a_known_type(ec2):
     with pytest.raises(DsclusterError, match="no AMI: pass --ami"):
         aws_cluster.up(session(), "demo", instance_type="c5.2xlarge", count=1, say=print)
     with pytest.raises(DsclusterError, match=r"instance type zz9\.huge does not exist"):
-        aws_cluster.up(session(), "demo", instance_type="zz9.huge", count=1, ami="ami-1", say=print)
+        aws_cluster.up(session(), "demo", instance_type="zz9.huge", count=1, ami=AMI_X, say=print)
     assert aws_moto.requests("CreateSecurityGroup") == []
 
 
@@ -668,7 +669,7 @@ def test_cli_aws_up_twice_and_down(ec2):
     )
     assert "c5.2xlarge does not support EFA" in line
     no_ami = one_line_error(
-        dsc("aws", "up", "--cluster", "x", "--type", "c5.2xlarge", "--count", "1")
+        dsc("aws", "up", "--cluster", "x", "--type", "c5.2xlarge", "--count", "1"), rc=2
     )
     assert "--ami" in no_ami
     down = dsc("aws", "down", "--cluster", "demo")
@@ -701,3 +702,214 @@ def test_make_provision_aws_writes_inventory_and_hostfile_then_stops_at_ssh(ec2,
     assert "acc-head" in errors[0] and "acc-cpu" in errors[0]
     assert "ssh" in errors[0].lower(), errors[0]
     assert not (out / ".deepspeed_env").exists()  # stopped before launch files and smoke
+
+
+# ---------------------------------------------------------------- aws up fails midway
+
+
+def nothing_of(ec2: Any, cluster: str) -> None:
+    """Nothing of the cluster is left in moto: no live instance, no SG, no placement group."""
+    assert live(ec2, cluster) == []
+    assert sg_named(ec2, f"dscluster-{cluster}") == []
+    names = [g["GroupName"] for g in ec2.describe_placement_groups()["PlacementGroups"]]
+    assert f"dscluster-{cluster}" not in names
+
+
+def test_up_failing_at_run_instances_removes_the_groups_it_made(ec2):
+    ami = image(ec2, "ubuntu*")
+    aws_moto.refuse("RunInstances", "InsufficientInstanceCapacity", "no p4d capacity")
+    lines: list[str] = []
+    with pytest.raises(DsclusterError) as exc:
+        aws_cluster.up(
+            session(), "demo", instance_type="p4d.24xlarge", count=2, efa=True, ami=ami,
+            ssh_cidr="203.0.113.0/24", say=lines.append,
+        )  # fmt: skip
+    message = str(exc.value)
+    assert "InsufficientInstanceCapacity" in message and "RunInstances" in message
+    assert "removed what this run made" in message and "placement group dscluster-demo" in message
+    assert "\n" not in message
+    assert aws_moto.requests("CreateSecurityGroup") and aws_moto.requests("CreatePlacementGroup")
+    nothing_of(ec2, "demo")
+
+
+def test_up_failing_after_launch_terminates_its_instances(ec2):
+    ami = image(ec2, "ubuntu*")
+    aws_moto.refuse("CreateTags", "RequestLimitExceeded", "slow down")
+    with pytest.raises(DsclusterError, match="removed what this run made") as exc:
+        aws_cluster.up(session(), "demo", instance_type="c5.2xlarge", count=3, ami=ami, say=print)
+    (run,) = aws_moto.requests("RunInstances")
+    assert run["MinCount"] == ["3"]
+    assert str(exc.value).count("instance i-") == 3
+    nothing_of(ec2, "demo")
+
+
+def test_up_keeps_what_an_earlier_run_made(ec2):
+    ami = image(ec2, "ubuntu*")
+    first = aws_cluster.up(
+        session(), "demo", instance_type="c5.2xlarge", count=1, ami=ami, say=print
+    )
+    aws_moto.refuse("RunInstances")
+    with pytest.raises(DsclusterError) as exc:
+        aws_cluster.up(session(), "demo", instance_type="c5.2xlarge", count=3, ami=ami, say=print)
+    assert "InsufficientInstanceCapacity" in str(exc.value)
+    assert "removed what this run made" not in str(exc.value)  # it made nothing
+    assert [i["InstanceId"] for i in live(ec2, "demo")] == first.launched
+    assert len(sg_named(ec2, "dscluster-demo")) == 1
+    assert ec2.describe_placement_groups(GroupNames=["dscluster-demo"])["PlacementGroups"]
+
+
+def test_up_says_what_is_left_when_removing_fails_too(ec2):
+    ami = image(ec2, "ubuntu*")
+    aws_moto.refuse("RunInstances")
+    aws_moto.refuse("DeletePlacementGroup", "UnauthorizedOperation", "not allowed")
+    with pytest.raises(DsclusterError) as exc:
+        aws_cluster.up(session(), "demo", instance_type="c5.2xlarge", count=1, ami=ami, say=print)
+    message = str(exc.value)
+    assert "left placement group dscluster-demo" in message
+    assert "'dscluster aws down --cluster demo' removes them" in message
+    assert "security group" not in message.split("left", 1)[1]  # the SG was removed
+    assert sg_named(ec2, "dscluster-demo") == []
+    aws_moto.allow()
+    assert aws_cluster.down(session(), "demo", say=print) == ["placement group dscluster-demo"]
+    nothing_of(ec2, "demo")
+
+
+def test_up_refuses_unknown_ami_key_pair_and_bad_options_before_creating(ec2):
+    with pytest.raises(DsclusterError, match=f"AMI {AMI_X} does not exist in {REGION}"):
+        aws_cluster.up(session(), "demo", instance_type="c5.2xlarge", count=1, ami=AMI_X)
+    ami = image(ec2, "ubuntu*")
+    with pytest.raises(DsclusterError, match="key pair nokey does not exist"):
+        aws_cluster.up(
+            session(), "demo", instance_type="c5.2xlarge", count=1, ami=ami, key_name="nokey"
+        )
+    for bad in ({"ssh_cidr": "10.0.0.1/8"}, {"subnet": "sub-1"}, {"count": 0}):
+        params: dict[str, Any] = {"instance_type": "c5.2xlarge", "count": 1, "ami": ami, **bad}
+        with pytest.raises(DsclusterError):
+            aws_cluster.up(session(), "demo", **params)
+    assert aws_moto.requests("CreateSecurityGroup") == []
+    assert aws_moto.requests("CreatePlacementGroup") == []
+
+
+def test_up_ssh_from_an_ipv6_network(ec2):
+    ami = image(ec2, "ubuntu*")
+    aws_cluster.up(
+        session(), "demo", instance_type="c5.2xlarge", count=1, ami=ami,
+        ssh_cidr="2001:db8::/32", say=print,
+    )  # fmt: skip
+    (sg,) = sg_named(ec2, "dscluster-demo")
+    ssh = [p for p in sg["IpPermissions"] if p.get("FromPort") == 22]
+    assert ssh and ssh[0]["Ipv6Ranges"][0]["CidrIpv6"] == "2001:db8::/32"
+
+
+# ---------------------------------------------------------------- endpoints that are not EC2
+
+
+class _Answer:
+    """An HTTP endpoint that answers every request with one fixed status and body."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        import http.server  # noqa: PLC0415
+        import threading  # noqa: PLC0415
+
+        outer = self
+        self.calls = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                outer.calls += 1
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        (200, b"<html><body>captive portal</body></html>", "not an EC2 response"),
+        (200, b'<?xml version="1.0"?><Other><Thing>1</Thing></Other>', "not an EC2 response"),
+        (200, b"{not xml", "not an EC2 response"),
+        (500, b"<Error><Code>InternalError</Code><Message>x</Message></Error>", "HTTP 500"),
+        (503, b"down for maintenance", "not an EC2 response"),
+        (403, b"<html>forbidden</html>", "HTTP 403 and no EC2 error"),
+    ],
+    ids=["html", "other-xml", "garbage", "500", "503-text", "403-html"],
+)
+def test_cli_down_and_inventory_against_a_non_ec2_endpoint(
+    monkeypatch, tmp_path, status, body, expected
+):
+    answer = _Answer(status, body)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", answer.url)
+    try:
+        down = one_line_error(dsc("aws", "down", "--cluster", "demo", "--wait", "5"))
+        inv = one_line_error(
+            dsc("inventory", "aws", "--cluster", "demo", "--out", str(tmp_path / "inv"))
+        )
+    finally:
+        answer.close()
+    for line in (down, inv):
+        assert expected in line and answer.url in line, line
+        assert "AWS_ENDPOINT_URL" in line
+    assert "removed so far" not in down
+    assert not (tmp_path / "inv").exists()
+
+
+def test_cli_bad_endpoint_url_refused_before_any_request(monkeypatch):
+    for url in ("not a url", "ftp://example.com", "http://", "localhost:4566"):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+        line = one_line_error(dsc("aws", "down", "--cluster", "demo"), rc=2)
+        assert repr(url) in line and "http(s) URL" in line
+    assert aws_moto.requests("DescribeInstances") == []
+
+
+def test_cli_up_bad_ssh_cidr_creates_nothing(ec2):
+    ami = image(ec2, "ubuntu*")
+    line = one_line_error(
+        dsc("aws", "up", "--cluster", "demo", "--type", "c5.2xlarge", "--count", "1",
+            "--ami", ami, "--ssh-cidr", "10.0.0.1/8"),
+        rc=2,
+    )  # fmt: skip
+    assert "10.0.0.1/8" in line and "host bits" in line
+    assert aws_moto.requests("DescribeInstanceTypes") == []
+    nothing_of(ec2, "demo")
+
+
+def test_non_utf8_known_hosts_is_one_line(ec2, tmp_path):
+    launch(ec2, "c5.2xlarge")
+    known = tmp_path / "cache" / "clusters" / "demo" / "known_hosts"
+    known.parent.mkdir(parents=True)
+    known.write_bytes(b"host ssh-ed25519 AAAA\xff\n")
+    with pytest.raises(DsclusterError, match="is not UTF-8 text"):
+        aws.write_inventory(session(), "demo", out_dir=tmp_path / "inv", console_keys=False)
+    no_files(tmp_path / "inv")
+    assert known.read_bytes() == b"host ssh-ed25519 AAAA\xff\n"
+
+
+def test_down_failing_midway_says_what_it_removed(ec2):
+    ami = image(ec2, "ubuntu*")
+    first = aws_cluster.up(
+        session(), "demo", instance_type="c5.2xlarge", count=2, ami=ami, say=print
+    )
+    aws_moto.refuse("DeleteSecurityGroup", "UnauthorizedOperation", "not allowed")
+    with pytest.raises(DsclusterError) as exc:
+        aws_cluster.down(session(), "demo", say=print)
+    message = str(exc.value)
+    assert "UnauthorizedOperation" in message and "DeleteSecurityGroup" in message
+    assert all(f"instance {i}" in message for i in first.launched)
+    assert "run 'dscluster aws down --cluster demo' again" in message
+    aws_moto.allow()
+    removed = aws_cluster.down(session(), "demo", say=print)
+    assert len(removed) == 2  # the security group and the placement group
+    nothing_of(ec2, "demo")

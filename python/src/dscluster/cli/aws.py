@@ -1,4 +1,8 @@
-"""`dscluster aws up|down`: create or remove an EC2 cluster (placement group, SG, EFA)."""
+"""`dscluster aws up|down`: create or remove an EC2 cluster (placement group, SG, EFA).
+
+Every option is checked here, before any AWS call: shapes by argparse types, the rest (the
+AMI, the profile, the region, AWS_ENDPOINT_URL) by `check_up`/`check_down`, which `main` runs
+after parsing."""
 
 from __future__ import annotations
 
@@ -6,7 +10,21 @@ import argparse
 
 from rich.console import Console
 
-from .inventory import aws_common
+from .. import validate
+from ..errors import DsclusterError
+from .inventory import aws_common, check_aws_session
+
+
+def _shape(name: str):
+    """An argparse type from a check in sources/ec2.py (imported when parsing, not before)."""
+
+    def check(text: str) -> None:
+        from ..sources import ec2  # noqa: PLC0415
+
+        getattr(ec2, name)(text)
+
+    check.__name__ = name
+    return validate.name_type(check)
 
 
 def register(sub) -> None:
@@ -14,28 +32,67 @@ def register(sub) -> None:
     asub = aws.add_subparsers(dest="aws_command", required=True)
     up = asub.add_parser("up", help="create or reconcile an EC2 cluster (idempotent)")
     aws_common(up)
-    up.add_argument("--type", required=True, help="instance type, e.g. p4d.24xlarge")
-    up.add_argument("--count", type=int, required=True, help="number of instances wanted")
+    up.add_argument(
+        "--type",
+        required=True,
+        type=_shape("check_instance_type"),
+        help="instance type, e.g. p4d.24xlarge",
+    )
+    up.add_argument(
+        "--count",
+        type=validate.count_type(1, validate.MAX_NODES, "an instance count", 2),
+        required=True,
+        help="number of instances wanted",
+    )
     up.add_argument("--efa", action="store_true", help="EFA interfaces (type must support EFA)")
-    up.add_argument("--subnet", help="subnet id (default: a default subnet of the default VPC)")
+    up.add_argument(
+        "--subnet",
+        type=_shape("check_subnet"),
+        help="subnet id (default: a default subnet of the default VPC)",
+    )
     up.add_argument(
         "--ami",
+        type=_shape("check_ami"),
         help="AMI id, or an SSM parameter name starting with '/' that holds one (required)",
     )
-    up.add_argument("--key-name", help="EC2 key pair name for SSH")
+    up.add_argument("--key-name", type=_shape("check_key_name"), help="EC2 key pair name for SSH")
     up.add_argument(
-        "--ssh-cidr", help="also allow SSH (tcp/22) into the security group from this CIDR"
+        "--ssh-cidr",
+        type=_shape("check_cidr"),
+        help="also allow SSH (tcp/22) into the security group from this CIDR",
     )
     up.add_argument(
-        "--wait", type=int, default=600, help="seconds to wait for instances (default 600)"
+        "--wait",
+        type=validate.seconds_type("seconds to wait"),
+        default=600,
+        help="seconds to wait for instances (default 600)",
     )
-    up.set_defaults(func=cmd_aws_up)
+    up.set_defaults(func=cmd_aws_up, check=check_up)
     down = asub.add_parser("down", help="terminate the cluster and remove what 'aws up' made")
     aws_common(down)
     down.add_argument(
-        "--wait", type=int, default=600, help="seconds to wait for termination (default 600)"
+        "--wait",
+        type=validate.seconds_type("seconds to wait"),
+        default=600,
+        help="seconds to wait for termination (default 600)",
     )
-    down.set_defaults(func=cmd_aws_down)
+    down.set_defaults(func=cmd_aws_down, check=check_down)
+
+
+def check_up(args: argparse.Namespace) -> None:
+    """What `aws up` refuses before any AWS call, beyond the argparse types."""
+    if not args.ami:
+        raise DsclusterError(
+            "aws up needs --ami: pass --ami <ami-id> (e.g. an AWS Deep Learning AMI of your "
+            "region, 'aws ec2 describe-images'), or an SSM parameter name starting with '/' "
+            "that holds one; dscluster does not guess"
+        )
+    services = ("ec2", "ssm") if args.ami.startswith("/") else ("ec2",)
+    check_aws_session(args, services)
+
+
+def check_down(args: argparse.Namespace) -> None:
+    check_aws_session(args, ("ec2",))
 
 
 def _say(out: Console):
@@ -45,7 +102,6 @@ def _say(out: Console):
 def cmd_aws_up(args: argparse.Namespace, out: Console, err: Console) -> int:
     from ..sources import aws_cluster, ec2  # noqa: PLC0415
 
-    ec2.check_cluster_name(args.cluster)
     sess = ec2.session(args.profile, args.region)
     result = aws_cluster.up(
         sess,
@@ -67,7 +123,6 @@ def cmd_aws_up(args: argparse.Namespace, out: Console, err: Console) -> int:
 def cmd_aws_down(args: argparse.Namespace, out: Console, err: Console) -> int:
     from ..sources import aws_cluster, ec2  # noqa: PLC0415
 
-    ec2.check_cluster_name(args.cluster)
     sess = ec2.session(args.profile, args.region)
     removed = aws_cluster.down(sess, args.cluster, wait_s=args.wait, say=_say(out))
     out.print(

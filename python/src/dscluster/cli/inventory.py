@@ -23,22 +23,64 @@ def register(sub) -> None:
 
 
 def _key_value(text: str) -> tuple[str, str]:
+    """--head-tag KEY=VAL: an EC2 tag (key 1-128 characters, value at most 256, one line)."""
     key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not KEY=VALUE; give e.g. dscluster:role=head"
+        )
+    if key != key.strip() or len(key) > 128 or len(value) > 256:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an EC2 tag; keys are 1-128 characters without surrounding spaces, "
+            "values at most 256 (e.g. dscluster:role=head)"
+        )
+    if any(not ch.isprintable() for ch in text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} holds a control character; give one line, e.g. dscluster:role=head"
+        )
     return key, value
+
+
+def _user(text: str) -> str:
+    """--user of inventory aws: a login name (it goes into ansible_user)."""
+    import re  # noqa: PLC0415
+
+    if not re.fullmatch(r"[a-z_][a-z0-9_.-]{0,31}", text):
+        raise argparse.ArgumentTypeError(
+            f"SSH user {text!r} is not a login name; use lowercase letters, digits, '_', '.', "
+            "'-', starting with a letter or '_' (e.g. ubuntu)"
+        )
+    return text
 
 
 def aws_common(p: argparse.ArgumentParser) -> None:
     """--cluster, --region, --profile: every command that talks to EC2."""
-    from ..sources.ec2 import CLUSTER_TAG  # noqa: PLC0415
+    from .. import validate  # noqa: PLC0415
+    from ..sources import ec2  # noqa: PLC0415
 
-    p.add_argument("--cluster", required=True, help=f"value of the tag {CLUSTER_TAG}")
-    p.add_argument("--region", help="AWS region (default: the profile's or AWS_DEFAULT_REGION)")
+    p.add_argument(
+        "--cluster",
+        required=True,
+        type=validate.name_type(ec2.check_cluster_name),
+        help=f"value of the tag {ec2.CLUSTER_TAG}",
+    )
+    p.add_argument(
+        "--region",
+        type=validate.name_type(ec2.check_region),
+        help="AWS region (default: the profile's or AWS_DEFAULT_REGION)",
+    )
     p.add_argument("--profile", help="AWS profile (default: boto3's chain, e.g. AWS_PROFILE)")
 
 
+def check_aws_session(args: argparse.Namespace, services: tuple[str, ...] = ("ec2",)) -> None:
+    """The profile, the region and the endpoint: refused here, before any AWS request."""
+    from ..sources import ec2  # noqa: PLC0415
+
+    ec2.check_session(args.profile, args.region, services)
+
+
 def _aws(isub) -> None:
+    from .. import validate  # noqa: PLC0415
     from ..sources.ec2 import HEAD_ROLE, ROLE_TAG  # noqa: PLC0415
 
     p = isub.add_parser(
@@ -46,7 +88,11 @@ def _aws(isub) -> None:
         help="write inventories/aws/hosts.yml + hostfile from running EC2 instances of a cluster",
     )
     aws_common(p)
-    flags.out(p, help="directory for hosts.yml and hostfile (default inventories/aws)")
+    flags.out(
+        p,
+        help="directory for hosts.yml and hostfile (default inventories/aws)",
+        type=validate.out_dir_type("inventory directory"),
+    )
     p.add_argument(
         "--head-tag",
         type=_key_value,
@@ -54,8 +100,14 @@ def _aws(isub) -> None:
         metavar="KEY=VAL",
         help=f"tag marking the head (default {ROLE_TAG}={HEAD_ROLE}; else lowest launch index)",
     )
-    p.add_argument("--user", help="SSH user for every host (default: from each AMI's family)")
-    p.add_argument("--key-file", help="SSH private key (default ~/.ssh/<KeyName>.pem)")
+    p.add_argument(
+        "--user", type=_user, help="SSH user for every host (default: from each AMI's family)"
+    )
+    p.add_argument(
+        "--key-file",
+        type=validate.existing_file_type("SSH key file"),
+        help="SSH private key (default ~/.ssh/<KeyName>.pem)",
+    )
     p.add_argument(
         "--public", action="store_true", help="reach hosts on public IPs (default private IPs)"
     )
@@ -66,7 +118,19 @@ def _aws(isub) -> None:
         action="store_false",
         help="do not read SSH host keys from the instances' console output",
     )
-    p.set_defaults(func=cmd_inventory_aws)
+    p.set_defaults(func=cmd_inventory_aws, check=check_inventory_aws)
+
+
+def check_inventory_aws(args: argparse.Namespace) -> None:
+    from .. import validate  # noqa: PLC0415
+    from ..errors import DsclusterError  # noqa: PLC0415
+
+    if args.slots is None or not 1 <= args.slots <= validate.MAX_SLOTS:
+        raise DsclusterError(
+            f"--slots {args.slots} is out of range; give slots per CPU-only host from 1 to "
+            f"{validate.MAX_SLOTS}, e.g. 1"
+        )
+    check_aws_session(args)
 
 
 def _slurm(isub) -> None:
@@ -100,7 +164,6 @@ def cmd_inventory_aws(args: argparse.Namespace, out: Console, err: Console) -> i
     from ..sources import aws, ec2  # noqa: PLC0415
     from ..util import print_warnings  # noqa: PLC0415
 
-    ec2.check_cluster_name(args.cluster)
     sess = ec2.session(args.profile, args.region)
     result = aws.write_inventory(
         sess,
@@ -108,7 +171,7 @@ def cmd_inventory_aws(args: argparse.Namespace, out: Console, err: Console) -> i
         out_dir=args.out,
         head_tag=args.head_tag,
         user=args.user,
-        key_file=args.key_file,
+        key_file=str(args.key_file) if args.key_file else None,
         public=args.public,
         cpu_slots=args.slots,
         console_keys=args.console_keys,

@@ -34,9 +34,18 @@ from rich.table import Table
 
 from ..errors import DsclusterError
 from ..paths import inventory_dir, state_dir
+from ..validate import MAX_SLOTS, read_text
 from .cluster import Cluster, write
 from .cluster import Node as ClusterNode
-from .ec2 import CLUSTER_TAG, ROLE_TAG, aws_errors, cluster_filter, ec2_client, tag_value
+from .ec2 import (
+    CLUSTER_TAG,
+    ROLE_TAG,
+    aws_errors,
+    cluster_filter,
+    ec2_client,
+    endpoint,
+    tag_value,
+)
 from .names import HOSTNAME_RE
 
 # DescribeInstances takes MaxResults 5..1000; 200 keeps each response small and is one page per
@@ -372,11 +381,13 @@ def discover(  # noqa: C901, PLR0912, PLR0915 - discovery in one pass: instances
     console_keys: bool = True,
 ) -> tuple[list[Node], list[str]]:
     """The cluster's nodes (head first, then in launch order) and warnings; no writes."""
-    if cpu_slots < 1:
-        raise DsclusterError(f"--cpu-slots {cpu_slots} is too small; a CPU host needs >= 1 slot")
+    if not 1 <= cpu_slots <= MAX_SLOTS:
+        raise DsclusterError(
+            f"--slots {cpu_slots} is out of range; give slots per CPU host from 1 to {MAX_SLOTS}"
+        )
     region = sess.region_name
     ec2 = ec2_client(sess)
-    with aws_errors(region):
+    with aws_errors(region, endpoint(ec2)):
         found = cluster_instances(ec2, cluster)
         pending = sorted(str(i["InstanceId"]) for i in found if i["State"]["Name"] == "pending")
         if pending:
@@ -537,7 +548,7 @@ def describe(
         groups=groups,
         known_hosts=known_hosts,
         known_hosts_text=merge_known_hosts(
-            known_hosts.read_text() if known_hosts.exists() else "", nodes
+            read_text(known_hosts, "known_hosts file") if known_hosts.exists() else "", nodes
         ),
     )
 

@@ -15,14 +15,25 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import DsclusterError
-from .aws import instance_types
+from ..validate import MAX_NODES
+from .aws import TypeInfo, instance_types
 from .ec2 import (
+    AMI_RE,
     CLUSTER_TAG,
     HEAD_ROLE,
     ROLE_TAG,
     aws_errors,
+    check_ami,
+    check_cidr,
+    check_cluster_name,
+    check_instance_type,
+    check_key_name,
+    check_subnet,
+    client,
     cluster_filter,
     ec2_client,
+    endpoint,
+    one_line,
     tag_value,
 )
 
@@ -144,27 +155,29 @@ def _subnet(ec2: Any, subnet: str | None, region: str) -> dict[str, Any]:
     return subnets[0]
 
 
-def _resolve_ami(sess: Any, ami: str | None) -> str:
-    if not ami:
-        raise DsclusterError(
-            "no AMI: pass --ami <ami-id> (e.g. an AWS Deep Learning AMI of your region), or an "
-            "SSM parameter name starting with '/' that holds one; dscluster does not guess"
-        )
+def _resolve_ami(sess: Any, ami: str) -> str:
+    """An AMI id as given, or the value of the SSM parameter named by `ami` (starts with /)."""
     if not ami.startswith("/"):
         return ami
-    ssm = sess.client("ssm")
-    with aws_errors(sess.region_name):
+    ssm = client(sess, "ssm")
+    with aws_errors(sess.region_name, endpoint(ssm)):
         try:
-            return str(ssm.get_parameter(Name=ami)["Parameter"]["Value"])
+            value = ssm.get_parameter(Name=ami).get("Parameter", {}).get("Value")
         except Exception as exc:
             if _error_code(exc) == "ParameterNotFound":
                 raise DsclusterError(
                     f"SSM parameter {ami} does not exist in {sess.region_name}; check --ami"
                 ) from exc
             raise
+    if not isinstance(value, str) or not AMI_RE.fullmatch(value):
+        raise DsclusterError(
+            f"SSM parameter {ami} holds {str(value)[:60]!r}, not an AMI id; check --ami"
+        )
+    return value
 
 
-def _ensure_placement_group(ec2: Any, cluster: str, result: UpResult, say: Say) -> None:
+def _ensure_placement_group(ec2: Any, cluster: str, result: UpResult, say: Say) -> bool:
+    """Reuse the cluster's placement group, or make it; True when this call made it."""
     name = resource_name(cluster)
     group = find_placement_group(ec2, cluster)
     if group:
@@ -174,7 +187,7 @@ def _ensure_placement_group(ec2: Any, cluster: str, result: UpResult, say: Say) 
                 f"placement group {name} has strategy {group.get('Strategy')}, not cluster; "
                 "run 'dscluster aws down' first"
             )
-        return
+        return False
     ec2.create_placement_group(
         GroupName=name,
         Strategy="cluster",
@@ -182,6 +195,7 @@ def _ensure_placement_group(ec2: Any, cluster: str, result: UpResult, say: Say) 
     )
     result.created.append(f"placement group {name}")
     say(f"created placement group {name} (strategy cluster)")
+    return True
 
 
 def _self_rule_present(permissions: list[dict[str, Any]], group_id: str) -> bool:
@@ -226,25 +240,24 @@ def _ensure_security_group(
     if not _self_rule_present(group.get("IpPermissionsEgress", []), group_id):
         ec2.authorize_security_group_egress(GroupId=group_id, IpPermissions=self_pair)
         say(f"{group_id}: outbound all traffic to itself")
-    if ssh_cidr and not any(
-        p.get("IpProtocol") == "tcp"
-        and p.get("FromPort") == 22
-        and any(r.get("CidrIp") == ssh_cidr for r in p.get("IpRanges", []))
-        for p in group.get("IpPermissions", [])
-    ):
+    if ssh_cidr and not _ssh_rule_present(group.get("IpPermissions", []), ssh_cidr):
         ec2.authorize_security_group_ingress(
-            GroupId=group_id,
-            IpPermissions=[
-                {
-                    "IpProtocol": "tcp",
-                    "FromPort": 22,
-                    "ToPort": 22,
-                    "IpRanges": [{"CidrIp": ssh_cidr, "Description": "dscluster SSH"}],
-                }
-            ],
+            GroupId=group_id, IpPermissions=[_ssh_permission(ssh_cidr)]
         )
         say(f"{group_id}: inbound SSH from {ssh_cidr}")
     return group_id
+
+
+def _ssh_rule_present(permissions: list[dict[str, Any]], ssh_cidr: str) -> bool:
+    wanted = _ssh_permission(ssh_cidr)
+    ranges = wanted.get("IpRanges") or wanted.get("Ipv6Ranges") or []
+    key, cidr = next((k, v) for k, v in ranges[0].items() if k.startswith("CidrIp"))
+    return any(
+        p.get("IpProtocol") == "tcp"
+        and p.get("FromPort") == 22
+        and any(r.get(key) == cidr for r in p.get("IpRanges", []) + p.get("Ipv6Ranges", []))
+        for p in permissions
+    )
 
 
 def network_interfaces(subnet_id: str, group_id: str, efa: bool) -> list[dict[str, Any]]:
@@ -263,6 +276,107 @@ def network_interfaces(subnet_id: str, group_id: str, efa: bool) -> list[dict[st
     return [nic]
 
 
+def check_up_options(
+    *,
+    instance_type: str,
+    count: int,
+    subnet: str | None,
+    ami: str | None,
+    key_name: str | None,
+    ssh_cidr: str | None,
+    wait_s: int,
+) -> None:
+    """Every refusal `up` can make from its options alone, before any AWS call."""
+    check_instance_type(instance_type)
+    if not 1 <= count <= MAX_NODES:
+        raise DsclusterError(
+            f"--count {count} is out of range; a cluster has 1 to {MAX_NODES} instances"
+        )
+    if subnet is not None:
+        check_subnet(subnet)
+    if not ami:
+        raise DsclusterError(
+            "no AMI: pass --ami <ami-id> (e.g. an AWS Deep Learning AMI of your region), or an "
+            "SSM parameter name starting with '/' that holds one; dscluster does not guess"
+        )
+    check_ami(ami)
+    if key_name is not None:
+        check_key_name(key_name)
+    if ssh_cidr is not None:
+        check_cidr(ssh_cidr)
+    if wait_s < 0:
+        raise DsclusterError(f"--wait {wait_s} is negative; give seconds, e.g. 600")
+
+
+@dataclasses.dataclass
+class _Plan:
+    """What `up` read before creating anything."""
+
+    type_info: TypeInfo
+    image_id: str
+    existing: list[dict[str, Any]]
+    missing: int
+
+
+@dataclasses.dataclass
+class _Made:
+    """What this run of `up` created, for the rollback."""
+
+    placement_group: str | None = None
+    security_group: str | None = None
+    instances: list[str] = dataclasses.field(default_factory=list)
+
+    def items(self) -> list[str]:
+        found = [f"instance {i}" for i in self.instances]
+        if self.security_group:
+            found.append(f"security group {self.security_group}")
+        if self.placement_group:
+            found.append(f"placement group {self.placement_group}")
+        return found
+
+
+def _plan(
+    sess: Any,
+    ec2: Any,
+    cluster: str,
+    *,
+    instance_type: str,
+    count: int,
+    efa: bool,
+    ami: str,
+    key_name: str | None,
+) -> _Plan:
+    region = str(sess.region_name)
+    info, _ = instance_types(ec2, [instance_type])
+    type_info = info[instance_type]
+    if type_info.source == "unknown":
+        raise DsclusterError(
+            f"instance type {instance_type} does not exist in {region}; check --type"
+        )
+    if efa and not type_info.efa:
+        raise DsclusterError(
+            f"instance type {instance_type} does not support EFA; drop --efa or pick an "
+            "EFA type (e.g. p4d.24xlarge, p5.48xlarge, trn1.32xlarge)"
+        )
+    image_id = _resolve_ami(sess, ami)
+    found = ec2.describe_images(Filters=[{"Name": "image-id", "Values": [image_id]}])
+    if not found.get("Images"):
+        via = f" (from SSM parameter {ami})" if ami != image_id else ""
+        raise DsclusterError(
+            f"AMI {image_id}{via} does not exist in {region} or is not shared with this "
+            "account; check --ami and --region"
+        )
+    if key_name:
+        pairs = ec2.describe_key_pairs(Filters=[{"Name": "key-name", "Values": [key_name]}])
+        if not pairs.get("KeyPairs"):
+            raise DsclusterError(
+                f"key pair {key_name} does not exist in {region}; create or import it "
+                "('aws ec2 import-key-pair') or check --key-name"
+            )
+    existing = live_instances(ec2, cluster, LIVE_STATES)
+    return _Plan(type_info, image_id, existing, count - len(existing))
+
+
 def up(  # noqa: PLR0913 - the aws up command's options, each a keyword
     sess: Any,
     cluster: str,
@@ -277,90 +391,237 @@ def up(  # noqa: PLR0913 - the aws up command's options, each a keyword
     wait_s: int = 600,
     say: Say = print,
 ) -> UpResult:
-    """Create or reconcile the cluster; a second run with the same arguments creates nothing."""
-    if count < 1:
-        raise DsclusterError(f"--count {count} is too small; a cluster needs at least 1 instance")
+    """Create or reconcile the cluster; a second run with the same arguments creates nothing.
+
+    Everything is checked (options locally, then type, AMI, key pair and subnet in EC2)
+    before anything is created; when a later step fails, what this run created is removed
+    again, or the error says what is left and that `aws down` removes it."""
+    check_cluster_name(cluster)
+    check_up_options(
+        instance_type=instance_type,
+        count=count,
+        subnet=subnet,
+        ami=ami,
+        key_name=key_name,
+        ssh_cidr=ssh_cidr,
+        wait_s=wait_s,
+    )
+    assert ami is not None
     region = str(sess.region_name)
     ec2 = ec2_client(sess)
-    with aws_errors(region):
-        info, _ = instance_types(ec2, [instance_type])
-        type_info = info[instance_type]
-        if type_info.source == "unknown":
-            raise DsclusterError(
-                f"instance type {instance_type} does not exist in {region}; check --type"
-            )
-        if efa and not type_info.efa:
-            raise DsclusterError(
-                f"instance type {instance_type} does not support EFA; drop --efa or pick an "
-                "EFA type (e.g. p4d.24xlarge, p5.48xlarge, trn1.32xlarge)"
-            )
-        image_id = _resolve_ami(sess, ami)
-        existing = live_instances(ec2, cluster, LIVE_STATES)
+    url = endpoint(ec2)
+    with aws_errors(region, url):
+        plan = _plan(
+            sess,
+            ec2,
+            cluster,
+            instance_type=instance_type,
+            count=count,
+            efa=efa,
+            ami=ami,
+            key_name=key_name,
+        )
         result = UpResult(
             cluster=cluster,
             region=region,
             instance_type=instance_type,
             placement_group=resource_name(cluster),
             security_group="",
-            existing=[str(i["InstanceId"]) for i in existing],
+            existing=[str(i["InstanceId"]) for i in plan.existing],
         )
-        missing = count - len(existing)
-        if missing <= 0:
+        if plan.missing <= 0:
             # Nothing to start: report only, do not touch (or re-create) anything.
-            if missing < 0:
+            if plan.missing < 0:
                 say(
-                    f"{len(existing)} instances already run for cluster {cluster}, more than "
-                    f"--count {count}; none is stopped (use 'dscluster aws down' to remove all)"
+                    f"{len(plan.existing)} instances already run for cluster {cluster}, more "
+                    f"than --count {count}; none is stopped (use 'dscluster aws down' to remove "
+                    "all)"
                 )
             return result
         sub = _subnet(ec2, subnet, region)
-        _ensure_placement_group(ec2, cluster, result, say)
-        group_id = _ensure_security_group(
-            ec2, cluster, sub["VpcId"], ssh_cidr=ssh_cidr, result=result, say=say
-        )
-        result.security_group = group_id
-        result.efa_interfaces = 1 if efa else 0
-        if type_info.efa and not efa:
+    made = _Made()
+    try:
+        with aws_errors(region, url):
+            _create(
+                ec2,
+                cluster,
+                plan,
+                sub,
+                efa=efa,
+                key_name=key_name,
+                ssh_cidr=ssh_cidr,
+                wait_s=wait_s,
+                made=made,
+                result=result,
+                say=say,
+            )
+    except Exception as exc:
+        _undo(ec2, cluster, plan, made, exc, say)
+        raise
+    except BaseException:
+        if made.items():
             say(
-                f"{instance_type} supports EFA but --efa was not given: plain ENI (TCP only); "
-                "run 'dscluster aws down' and 'up --efa' for EFA"
+                f"interrupted: left {', '.join(made.items())}; 'dscluster aws down --cluster "
+                f"{cluster}' removes them"
             )
-        elif efa:
-            say(
-                f"{instance_type}: one EFA interface per instance (the type allows "
-                f"{type_info.max_efa})"
-            )
-        params: dict[str, Any] = {
-            "ImageId": image_id,
-            "InstanceType": instance_type,
-            "MinCount": missing,
-            "MaxCount": missing,
-            "Placement": {"GroupName": resource_name(cluster)},
-            "NetworkInterfaces": network_interfaces(sub["SubnetId"], group_id, efa),
-            "TagSpecifications": [
-                {"ResourceType": kind, "Tags": _tags(cluster)}
-                for kind in ("instance", "volume", "network-interface")
-            ],
-        }
-        if key_name:
-            params["KeyName"] = key_name
-        launched = ec2.run_instances(**params)["Instances"]
-        launched.sort(key=lambda i: int(i.get("AmiLaunchIndex") or 0))
-        ids = [str(i["InstanceId"]) for i in launched]
-        result.launched = ids
-        result.created.extend(f"instance {i}" for i in ids)
-        _name_instances(ec2, cluster, existing, launched)
-        say(f"started {len(ids)} {instance_type} instances in {sub['SubnetId']}: {', '.join(ids)}")
-        if wait_s > 0:
-            ec2.get_waiter("instance_running").wait(
-                InstanceIds=ids,
-                WaiterConfig={
-                    "Delay": WAITER_DELAY_S,
-                    "MaxAttempts": max(1, wait_s // WAITER_DELAY_S),
-                },
-            )
-            say(f"{len(ids)} instances running")
+        raise
     return result
+
+
+def _ssh_permission(ssh_cidr: str) -> dict[str, Any]:
+    import ipaddress  # noqa: PLC0415
+
+    net = ipaddress.ip_network(ssh_cidr, strict=True)
+    ranges: dict[str, Any] = (
+        {"IpRanges": [{"CidrIp": str(net), "Description": "dscluster SSH"}]}
+        if net.version == 4
+        else {"Ipv6Ranges": [{"CidrIpv6": str(net), "Description": "dscluster SSH"}]}
+    )
+    return {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, **ranges}
+
+
+def _create(  # noqa: PLR0913 - what up decided, each a keyword
+    ec2: Any,
+    cluster: str,
+    plan: _Plan,
+    sub: dict[str, Any],
+    *,
+    efa: bool,
+    key_name: str | None,
+    ssh_cidr: str | None,
+    wait_s: int,
+    made: _Made,
+    result: UpResult,
+    say: Say,
+) -> None:
+    instance_type = plan.type_info.name
+    if _ensure_placement_group(ec2, cluster, result, say):
+        made.placement_group = resource_name(cluster)
+    group_id = _ensure_security_group(
+        ec2, cluster, sub["VpcId"], ssh_cidr=ssh_cidr, result=result, say=say
+    )
+    if any(c.startswith("security group") for c in result.created):
+        made.security_group = group_id
+    result.security_group = group_id
+    result.efa_interfaces = 1 if efa else 0
+    if plan.type_info.efa and not efa:
+        say(
+            f"{instance_type} supports EFA but --efa was not given: plain ENI (TCP only); "
+            "run 'dscluster aws down' and 'up --efa' for EFA"
+        )
+    elif efa:
+        say(
+            f"{instance_type}: one EFA interface per instance (the type allows "
+            f"{plan.type_info.max_efa})"
+        )
+    params: dict[str, Any] = {
+        "ImageId": plan.image_id,
+        "InstanceType": instance_type,
+        "MinCount": plan.missing,
+        "MaxCount": plan.missing,
+        "Placement": {"GroupName": resource_name(cluster)},
+        "NetworkInterfaces": network_interfaces(sub["SubnetId"], group_id, efa),
+        "TagSpecifications": [
+            {"ResourceType": kind, "Tags": _tags(cluster)}
+            for kind in ("instance", "volume", "network-interface")
+        ],
+    }
+    if key_name:
+        params["KeyName"] = key_name
+    launched = list(ec2.run_instances(**params).get("Instances") or [])
+    made.instances = [str(i["InstanceId"]) for i in launched]
+    if len(launched) != plan.missing:
+        raise DsclusterError(
+            f"EC2 started {len(launched)} of {plan.missing} instances; run 'dscluster aws up' "
+            "again later (capacity), or pick another --type or --subnet"
+        )
+    launched.sort(key=lambda i: int(i.get("AmiLaunchIndex") or 0))
+    ids = [str(i["InstanceId"]) for i in launched]
+    result.launched = ids
+    result.created.extend(f"instance {i}" for i in ids)
+    _name_instances(ec2, cluster, plan.existing, launched)
+    say(f"started {len(ids)} {instance_type} instances in {sub['SubnetId']}: {', '.join(ids)}")
+    if wait_s > 0:
+        ec2.get_waiter("instance_running").wait(
+            InstanceIds=ids,
+            WaiterConfig={
+                "Delay": WAITER_DELAY_S,
+                "MaxAttempts": max(1, wait_s // WAITER_DELAY_S),
+            },
+        )
+        say(f"{len(ids)} instances running")
+
+
+def _undo(ec2: Any, cluster: str, plan: _Plan, made: _Made, exc: Exception, say: Say) -> None:
+    """Remove what this run of `up` made, then raise one error saying what happened.
+
+    Instances this run started are those it was told about and any live instance of the
+    cluster that was not there before (a RunInstances answer lost on the way)."""
+    region = str(ec2.meta.region_name)
+    url = endpoint(ec2)
+    before = {str(i["InstanceId"]) for i in plan.existing}
+    try:
+        with aws_errors(region, url):
+            live = live_instances(ec2, cluster, NOT_GONE_STATES)
+        made.instances = sorted(set(made.instances) | {str(i["InstanceId"]) for i in live} - before)
+    except DsclusterError:
+        pass
+    items = made.items()
+    if not items:
+        return
+    say(f"aws up failed; removing what this run made: {', '.join(items)}")
+    left: list[str] = []
+    problems: list[str] = []
+
+    def attempt(what: list[str], step: Callable[[], None]) -> None:
+        if left:  # an earlier step failed: what follows depends on it
+            left.extend(what)
+            return
+        try:
+            with aws_errors(region, url):
+                step()
+        except Exception as err:
+            left.extend(what)
+            problems.append(one_line(str(err)))
+
+    if made.instances:
+        attempt(
+            [f"instance {i}" for i in made.instances],
+            lambda: _terminate(ec2, made.instances, SG_DELETE_RETRY_S),
+        )
+    if made.security_group:
+        group = made.security_group
+        attempt([f"security group {group}"], lambda: _delete_security_group(ec2, group))
+    if made.placement_group:
+        name = made.placement_group
+        attempt([f"placement group {name}"], lambda: _delete_placement_group(ec2, name))
+    if not isinstance(exc, DsclusterError):
+        say(_left_line(cluster, left) if left else "removed what this run made")
+        return  # a bug: main reports it with its traceback saved
+    if left:
+        raise DsclusterError(
+            f"{exc}; removing what this run made failed too ({problems[0]}): left "
+            f"{', '.join(left)}; 'dscluster aws down --cluster {cluster}' removes them"
+        ) from exc
+    raise DsclusterError(f"{exc}; removed what this run made ({', '.join(items)})") from exc
+
+
+def _left_line(cluster: str, left: list[str]) -> str:
+    return f"left {', '.join(left)}; 'dscluster aws down --cluster {cluster}' removes them"
+
+
+def _terminate(ec2: Any, ids: list[str], wait_s: int) -> None:
+    for start in range(0, len(ids), 500):
+        ec2.terminate_instances(InstanceIds=ids[start : start + 500])
+    for start in range(0, len(ids), 200):
+        ec2.get_waiter("instance_terminated").wait(
+            InstanceIds=ids[start : start + 200],
+            WaiterConfig={"Delay": WAITER_DELAY_S, "MaxAttempts": max(1, wait_s // WAITER_DELAY_S)},
+        )
+
+
+def _delete_placement_group(ec2: Any, name: str) -> None:
+    ec2.delete_placement_group(GroupName=name)
 
 
 def _name_instances(
@@ -386,45 +647,60 @@ def _name_instances(
 
 
 def down(sess: Any, cluster: str, *, wait_s: int = 600, say: Say = print) -> list[str]:
-    """Terminate the cluster's instances, wait, delete its SG and placement group; nothing else."""
+    """Terminate the cluster's instances, wait, delete its SG and placement group; nothing else.
+
+    On a failure the error says what was removed so far; running `down` again finishes."""
+    check_cluster_name(cluster)
+    if wait_s < 0:
+        raise DsclusterError(f"--wait {wait_s} is negative; give seconds, e.g. 600")
     region = str(sess.region_name)
     ec2 = ec2_client(sess)
     removed: list[str] = []
-    with aws_errors(region):
-        instances = live_instances(ec2, cluster, NOT_GONE_STATES)
-        ids = sorted(str(i["InstanceId"]) for i in instances)
-        for start in range(0, len(ids), 500):
-            ec2.terminate_instances(InstanceIds=ids[start : start + 500])
-        if ids:
-            say(f"terminating {len(ids)} instances: {', '.join(ids)}")
-            removed.extend(f"instance {i}" for i in ids)
-            if wait_s > 0:
-                for start in range(0, len(ids), 200):
-                    ec2.get_waiter("instance_terminated").wait(
-                        InstanceIds=ids[start : start + 200],
-                        WaiterConfig={
-                            "Delay": WAITER_DELAY_S,
-                            "MaxAttempts": max(1, wait_s // WAITER_DELAY_S),
-                        },
-                    )
-                say(f"{len(ids)} instances terminated")
-        for group in find_security_groups(ec2, cluster, None):
-            if tag_value(group, CLUSTER_TAG) != cluster:
-                say(f"left security group {group['GroupId']}: not tagged {CLUSTER_TAG}={cluster}")
-                continue
-            _delete_security_group(ec2, str(group["GroupId"]))
-            removed.append(f"security group {group['GroupId']}")
-            say(f"deleted security group {resource_name(cluster)} ({group['GroupId']})")
-        placement = find_placement_group(ec2, cluster)
-        if placement and tag_value(placement, CLUSTER_TAG) == cluster:
-            ec2.delete_placement_group(GroupName=resource_name(cluster))
-            removed.append(f"placement group {resource_name(cluster)}")
-            say(f"deleted placement group {resource_name(cluster)}")
-        elif placement:
-            say(
-                f"left placement group {placement['GroupName']}: not tagged {CLUSTER_TAG}={cluster}"
-            )
+    try:
+        with aws_errors(region, endpoint(ec2)):
+            _down(ec2, cluster, wait_s=wait_s, removed=removed, say=say)
+    except DsclusterError as exc:
+        if not removed:
+            raise
+        raise DsclusterError(
+            f"{exc} (removed so far: {', '.join(removed)}); run 'dscluster aws down --cluster "
+            f"{cluster}' again once fixed"
+        ) from exc
     return removed
+
+
+def _down(ec2: Any, cluster: str, *, wait_s: int, removed: list[str], say: Say) -> None:
+    instances = live_instances(ec2, cluster, NOT_GONE_STATES)
+    ids = sorted(str(i["InstanceId"]) for i in instances)
+    for start in range(0, len(ids), 500):
+        ec2.terminate_instances(InstanceIds=ids[start : start + 500])
+        removed.extend(f"instance {i}" for i in ids[start : start + 500])
+    if ids:
+        say(f"terminating {len(ids)} instances: {', '.join(ids)}")
+        if wait_s > 0:
+            for start in range(0, len(ids), 200):
+                ec2.get_waiter("instance_terminated").wait(
+                    InstanceIds=ids[start : start + 200],
+                    WaiterConfig={
+                        "Delay": WAITER_DELAY_S,
+                        "MaxAttempts": max(1, wait_s // WAITER_DELAY_S),
+                    },
+                )
+            say(f"{len(ids)} instances terminated")
+    for group in find_security_groups(ec2, cluster, None):
+        if tag_value(group, CLUSTER_TAG) != cluster:
+            say(f"left security group {group['GroupId']}: not tagged {CLUSTER_TAG}={cluster}")
+            continue
+        _delete_security_group(ec2, str(group["GroupId"]))
+        removed.append(f"security group {group['GroupId']}")
+        say(f"deleted security group {resource_name(cluster)} ({group['GroupId']})")
+    placement = find_placement_group(ec2, cluster)
+    if placement and tag_value(placement, CLUSTER_TAG) == cluster:
+        ec2.delete_placement_group(GroupName=resource_name(cluster))
+        removed.append(f"placement group {resource_name(cluster)}")
+        say(f"deleted placement group {resource_name(cluster)}")
+    elif placement:
+        say(f"left placement group {placement['GroupName']}: not tagged {CLUSTER_TAG}={cluster}")
 
 
 def _delete_security_group(ec2: Any, group_id: str) -> None:

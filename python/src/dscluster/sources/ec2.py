@@ -12,7 +12,9 @@ module and nothing imports them back.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import os
+import re
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..errors import DsclusterError
@@ -43,38 +45,224 @@ def one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
-def session(profile: str | None, region: str | None) -> Any:
-    """A boto3 session on boto3's own credential chain; fails early without a region."""
-    import boto3  # noqa: PLC0415
-    from botocore.exceptions import ProfileNotFound  # noqa: PLC0415
+# ---------------------------------------------------------------- local shape checks
+#
+# Each check raises a DsclusterError naming the value and the fix; the CLI turns them into
+# argparse types (validate.name_type), aws_cluster.up runs them again for library callers.
+# Every pattern is a full match.
+
+REGION_RE = re.compile(r"[a-z]{2,4}(-[a-z]+)+-[0-9]{1,2}")
+INSTANCE_TYPE_RE = re.compile(r"[a-z][a-z0-9-]*[a-z0-9]\.[a-z0-9][a-z0-9-]*")
+SUBNET_RE = re.compile(r"subnet-[0-9a-f]{8,17}")
+AMI_RE = re.compile(r"ami-[0-9a-f]{8,17}")
+# An SSM parameter name holding an AMI id (e.g. /aws/service/ami-amazon-linux-latest/...).
+SSM_PARAMETER_RE = re.compile(r"/[A-Za-z0-9_.\-/]{1,2047}")
+# EC2 key pairs: up to 255 ASCII characters, no leading or trailing space. dscluster also
+# refuses '/' and control characters: the name becomes ~/.ssh/<name>.pem in the inventory.
+KEY_NAME_RE = re.compile(r"[!-.0-~]([ !-.0-~]{0,253}[!-.0-~])?")
+ENDPOINT_VARS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_EC2", "AWS_ENDPOINT_URL_SSM")
+
+
+def check_region(region: str) -> None:
+    if not REGION_RE.fullmatch(region):
+        raise DsclusterError(
+            f"AWS region {region!r} is not a region name; give one like us-east-1 or eu-west-2"
+        )
+
+
+def check_instance_type(name: str) -> None:
+    if not INSTANCE_TYPE_RE.fullmatch(name):
+        raise DsclusterError(
+            f"instance type {name!r} is not an EC2 type name (family.size); give one like "
+            "p4d.24xlarge or c5.2xlarge"
+        )
+
+
+def check_subnet(subnet: str) -> None:
+    if not SUBNET_RE.fullmatch(subnet):
+        raise DsclusterError(
+            f"subnet {subnet!r} is not a subnet id; give one like subnet-0123456789abcdef0"
+        )
+
+
+def check_ami(ami: str) -> None:
+    if not (AMI_RE.fullmatch(ami) or SSM_PARAMETER_RE.fullmatch(ami)):
+        raise DsclusterError(
+            f"AMI {ami!r} is neither an AMI id nor an SSM parameter name; give one like "
+            "ami-0123456789abcdef0, or a parameter name starting with '/'"
+        )
+
+
+def check_key_name(name: str) -> None:
+    if name.endswith(".pem") or "/" in name:
+        raise DsclusterError(
+            f"key pair name {name!r} looks like a file; give the EC2 key pair's name "
+            "(e.g. train for ~/.ssh/train.pem)"
+        )
+    if not KEY_NAME_RE.fullmatch(name):
+        raise DsclusterError(
+            f"key pair name {name!r} is not an EC2 key pair name; use 1-255 printable ASCII "
+            "characters without leading or trailing spaces (e.g. train)"
+        )
+
+
+def check_cidr(cidr: str) -> None:
+    import ipaddress  # noqa: PLC0415
 
     try:
+        if "/" not in cidr:
+            raise ValueError("no prefix length")
+        ipaddress.ip_network(cidr, strict=True)
+    except ValueError as exc:
+        raise DsclusterError(
+            f"SSH CIDR {cidr!r} is not a network ({one_line(exc)}); give address/prefix "
+            "with no host bits, e.g. 203.0.113.7/32 or 10.0.0.0/16"
+        ) from None
+
+
+def check_endpoint_env(environ: Mapping[str, str]) -> None:
+    """AWS_ENDPOINT_URL (and the per-service variables) must be http(s) URLs with a host."""
+    from urllib.parse import urlsplit  # noqa: PLC0415
+
+    for var in ENDPOINT_VARS:
+        url = environ.get(var)
+        if url is None:
+            continue
+        try:
+            parts = urlsplit(url)
+            ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+            _ = parts.port  # a bad port raises ValueError
+        except ValueError:
+            ok = False
+        if not ok or any(ch.isspace() for ch in url):
+            raise DsclusterError(
+                f"{var}={url!r} is not an http(s) URL; set it like "
+                f"{var}=https://ec2.us-east-1.amazonaws.com, or unset it to use AWS"
+            )
+
+
+def session(profile: str | None, region: str | None) -> Any:
+    """A boto3 session on boto3's own credential chain; fails early without a usable region,
+    with an unknown profile or a malformed endpoint variable. Nothing is sent anywhere."""
+    import boto3  # noqa: PLC0415
+    from botocore.exceptions import BotoCoreError, ProfileNotFound  # noqa: PLC0415
+
+    check_endpoint_env(os.environ)
+    if region is not None:
+        check_region(region)
+    try:
         sess = boto3.session.Session(profile_name=profile, region_name=region)
+        region_name = sess.region_name
     except ProfileNotFound as exc:
         raise DsclusterError(
-            f"AWS profile {profile!r} is not configured ({one_line(exc)}); {_CONFIGURE}"
+            f"AWS profile {profile or os.environ.get('AWS_PROFILE')!r} is not configured "
+            f"({one_line(exc)}); {_CONFIGURE}"
         ) from exc
-    if not sess.region_name:
+    except BotoCoreError as exc:
+        raise DsclusterError(
+            f"the AWS configuration cannot be read ({one_line(exc)}); fix ~/.aws/config or "
+            "AWS_CONFIG_FILE"
+        ) from exc
+    if not region_name:
         raise DsclusterError(
             "no AWS region: pass --region, set AWS_DEFAULT_REGION, or give the profile a region "
             "('aws configure set region <region>')"
         )
+    try:
+        check_region(region_name)
+    except DsclusterError as exc:
+        raise DsclusterError(
+            f"{exc} (from AWS_DEFAULT_REGION, AWS_REGION or the profile; or pass --region)"
+        ) from None
     return sess
 
 
-def ec2_client(sess: Any) -> Any:
+def _require_request_id(http_response: Any, parsed: Any, model: Any, **_: Any) -> None:
+    """EC2 answers every successful call with a requestId; an endpoint that answers 200 with
+    some other document (a proxy, a web page, another service) is not EC2."""
+    status = getattr(http_response, "status_code", 0)
+    if status < 300 and not (parsed or {}).get("ResponseMetadata", {}).get("RequestId"):
+        raise DsclusterError(
+            f"the endpoint {str(getattr(http_response, 'url', '?')).rstrip('/')} answered "
+            f"{model.name} with "
+            "something that is not an EC2 response; check AWS_ENDPOINT_URL (unset it to use AWS)"
+        )
+
+
+def client(sess: Any, service: str = "ec2") -> Any:
+    """A client with standard retries; a malformed endpoint from any source is one line."""
     from botocore.config import Config  # noqa: PLC0415
 
     with aws_errors(sess.region_name):
-        return sess.client("ec2", config=Config(retries={"mode": "standard", "max_attempts": 5}))
+        try:
+            result = sess.client(
+                service, config=Config(retries={"mode": "standard", "max_attempts": 5})
+            )
+        except ValueError as exc:
+            raise DsclusterError(
+                f"the {service.upper()} endpoint is not a usable URL ({one_line(exc)}); "
+                "fix AWS_ENDPOINT_URL or the profile's endpoint_url (unset it to use AWS)"
+            ) from None
+    url = str(result.meta.endpoint_url)
+    if not url.startswith(("http://", "https://")):
+        raise DsclusterError(
+            f"the {service.upper()} endpoint {url!r} is not an http(s) URL; fix "
+            "AWS_ENDPOINT_URL or the profile's endpoint_url (unset it to use AWS)"
+        )
+    if service == "ec2":
+        result.meta.events.register("after-call.ec2", _require_request_id)
+    return result
+
+
+def ec2_client(sess: Any) -> Any:
+    return client(sess, "ec2")
+
+
+def check_session(
+    profile: str | None, region: str | None, services: tuple[str, ...] = ("ec2",)
+) -> None:
+    """Everything about the AWS configuration that can be refused without a request: the
+    profile, the region, the endpoint of each service. Builds clients; sends nothing."""
+    sess = session(profile, region)
+    for service in services:
+        client(sess, service)
+
+
+def endpoint(api: Any) -> str:
+    return str(getattr(getattr(api, "meta", None), "endpoint_url", "") or "the AWS endpoint")
+
+
+def _client_error(exc: Any, where: str, url: str) -> DsclusterError:
+    error = exc.response.get("Error", {})
+    meta = exc.response.get("ResponseMetadata", {})
+    status = int(meta.get("HTTPStatusCode") or 0)
+    code = str(error.get("Code") or "Unknown")
+    op = getattr(exc, "operation_name", None) or "a request"
+    retries = int(meta.get("RetryAttempts") or 0)
+    if status >= 500:
+        return DsclusterError(
+            f"the EC2 endpoint {url} failed {op}{where} with HTTP {status} ({code}, retried "
+            f"{retries} times); try again later, or check AWS_ENDPOINT_URL"
+        )
+    if code == "Unknown" or code.isdigit():
+        return DsclusterError(
+            f"the endpoint {url} answered {op}{where} with HTTP {status} and no EC2 error; "
+            "check AWS_ENDPOINT_URL, a proxy, or the region"
+        )
+    hint = f"; {_CONFIGURE}" if code in _AUTH_CODES else "; fix the request or its permissions"
+    return DsclusterError(
+        f"AWS refused {op}{where}: {code}: {one_line(error.get('Message', ''))}{hint}"
+    )
 
 
 @contextlib.contextmanager
-def aws_errors(region: str | None) -> Iterator[None]:
+def aws_errors(region: str | None, url: str | None = None) -> Iterator[None]:
     """Turn botocore's exceptions into one-line DsclusterErrors a user can act on."""
     from botocore import exceptions as bx  # noqa: PLC0415
+    from botocore.parsers import ResponseParserError  # noqa: PLC0415
 
     where = f" in {region}" if region else ""
+    url = url or "the AWS endpoint"
     try:
         yield
     except (bx.NoCredentialsError, bx.PartialCredentialsError) as exc:
@@ -89,20 +277,26 @@ def aws_errors(region: str | None) -> Iterator[None]:
             "check the instances in the EC2 console and run the command again"
         ) from exc
     except bx.ClientError as exc:
-        error = exc.response.get("Error", {})
-        code = error.get("Code", "Unknown")
-        op = getattr(exc, "operation_name", "a request")
-        hint = f"; {_CONFIGURE}" if code in _AUTH_CODES else "; fix the request or its permissions"
+        raise _client_error(exc, where, url) from exc
+    except ResponseParserError as exc:
         raise DsclusterError(
-            f"AWS refused {op}{where}: {code}: {one_line(error.get('Message', ''))}{hint}"
+            f"the endpoint {url} answered{where} with something that is not an EC2 response "
+            f"({one_line(exc)[:120]}); check AWS_ENDPOINT_URL (unset it to use AWS)"
         ) from exc
     except (bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError) as exc:
         raise DsclusterError(
-            f"cannot reach the EC2 endpoint{where} ({one_line(exc)}); check the network, "
-            "the region and AWS_ENDPOINT_URL"
+            f"cannot reach the EC2 endpoint {url}{where} ({one_line(exc)}); check the "
+            "network, the region and AWS_ENDPOINT_URL"
+        ) from exc
+    except bx.ParamValidationError as exc:
+        raise DsclusterError(
+            f"EC2 request refused before sending{where} ({one_line(exc)}); check the options"
         ) from exc
     except bx.BotoCoreError as exc:
-        raise DsclusterError(f"AWS request failed{where}: {one_line(exc)}") from exc
+        raise DsclusterError(
+            f"AWS request to {url} failed{where}: {one_line(exc)}; check the network and "
+            "AWS_ENDPOINT_URL, and run the command again"
+        ) from exc
 
 
 def tag_value(resource: dict[str, Any], key: str) -> str | None:
@@ -121,9 +315,19 @@ __all__ = [
     "HEAD_ROLE",
     "ROLE_TAG",
     "aws_errors",
+    "check_ami",
+    "check_cidr",
     "check_cluster_name",
+    "check_endpoint_env",
+    "check_instance_type",
+    "check_key_name",
+    "check_region",
+    "check_session",
+    "check_subnet",
+    "client",
     "cluster_filter",
     "ec2_client",
+    "endpoint",
     "one_line",
     "session",
     "tag_value",
