@@ -30,9 +30,9 @@ def up(**options: str) -> list[str]:
 
 CASES = [
     # ---------------------------------------------------------------- aws up: options
-    Case("aws-up-count-zero", up(count="0"), "'0'", "from 1 to 4096"),
-    Case("aws-up-count-negative", up(count="-5"), "'-5'", "from 1 to 4096"),
-    Case("aws-up-count-huge", up(count="99999"), "'99999'", "from 1 to 4096"),
+    Case("aws-up-count-zero", up(count="0"), "'0'", "from 1 to 16384"),
+    Case("aws-up-count-negative", up(count="-5"), "'-5'", "from 1 to 16384"),
+    Case("aws-up-count-huge", up(count="99999"), "'99999'", "from 1 to 16384"),
     Case("aws-up-count-word", up(count="two"), "'two'", "whole number"),
     Case("aws-up-count-float", up(count="2.5"), "'2.5'", "whole number"),
     Case("aws-up-wait-zero", up(wait="0"), "'0'", "from 1"),
