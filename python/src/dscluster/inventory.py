@@ -14,8 +14,11 @@ from typing import Any
 
 import yaml
 
+from . import rules
 from .errors import DsclusterError
+from .sources import names
 from .util import atomic_write, run, tool
+from .validate import read_text
 
 # The rendezvous port when the inventory sets no dscluster_master_port (the same value as
 # roles/dscluster_defaults' dscluster_master_port): the one place it is written.
@@ -70,16 +73,16 @@ def plain_var(inv: Inventory, name: str) -> Any:
 
 
 def master_port_var(inv: Inventory) -> int | None:
-    """dscluster_master_port as the inventory sets it, or None."""
+    """dscluster_master_port as the inventory sets it, or None; refused (not defaulted) when
+    it breaks its rule (rules.yml: a whole number 1-65535)."""
     port = plain_var(inv, "dscluster_master_port")
     if port is None:
         return None
     try:
-        return int(port)
-    except (TypeError, ValueError) as exc:
-        raise DsclusterError(
-            f"dscluster_master_port in {inv.source} is {port!r}, not a port number; fix it"
-        ) from exc
+        rules.check_value("dscluster_master_port", port)
+    except DsclusterError as exc:
+        raise DsclusterError(f"{exc}; fix it in {inv.source}") from None
+    return int(port)
 
 
 def master_port(inv: Inventory, given: int | None = None) -> int:
@@ -103,9 +106,8 @@ def _collect(data: dict[str, Any], group: str, seen: set[str]) -> list[str]:
     return hosts
 
 
-def load(source: str | pathlib.Path) -> Inventory:
-    """Load an inventory file or directory with `ansible-inventory --list`."""
-    path = pathlib.Path(source).expanduser()
+def _hosts_file(path: pathlib.Path) -> pathlib.Path:
+    """The file Ansible is given: an inventory directory's hosts file, or the file itself."""
     if path.is_dir() and not any(path.glob("hosts.y*ml")) and not (path / "hosts").exists():
         raise DsclusterError(
             f"{path} has no hosts.yml; create one (see inventories/sample) or run "
@@ -123,6 +125,107 @@ def load(source: str | pathlib.Path) -> Inventory:
         path = next(
             p for p in (path / "hosts.yml", path / "hosts.yaml", path / "hosts") if p.exists()
         )
+    if path.is_dir():
+        raise DsclusterError(f"inventory {path} is a directory; give its hosts.yml")
+    return path
+
+
+def _parse_yaml(path: pathlib.Path, what: str) -> Any:
+    """A YAML file, with a syntax error reported at its line (Ansible only warns)."""
+    text = read_text(path, what)
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        why = exc.problem or exc.context or "invalid YAML"
+        raise DsclusterError(
+            f"cannot read {what} {path}: not valid YAML{where}: {why}; fix the YAML (indent with "
+            "spaces, not tabs; close every bracket and quote)"
+        ) from None
+    except yaml.YAMLError as exc:
+        raise DsclusterError(
+            f"cannot read {what} {path}: not valid YAML ({exc}); fix the YAML"
+        ) from None
+
+
+_GROUP_KEYS = ("hosts", "children", "vars")
+
+
+def _check_group(path: pathlib.Path, name: str, node: Any, depth: int = 0) -> None:
+    example = "all: {children: {head: {hosts: {n1: {}}}, workers: {hosts: {n2: {}}}}}"
+    if node is None:
+        return
+    if not isinstance(node, dict):
+        raise DsclusterError(
+            f"in inventory {path}, group {name!r} is {rules.show(node)} ({rules.kind(node)}); "
+            f"a group must be a mapping with hosts:, children: or vars:, e.g. {example}"
+        )
+    for key in _GROUP_KEYS:
+        value = node.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise DsclusterError(
+                f"in inventory {path}, {name}.{key} is {rules.show(value)} "
+                f"({rules.kind(value)}); it must be a mapping (hosts: {{n1: {{}}}}, not a "
+                f"list), e.g. {example}"
+            )
+    for host, hv in (node.get("hosts") or {}).items():
+        try:
+            names.check_host_name(host)
+        except DsclusterError as exc:
+            raise DsclusterError(f"{exc}; rename it in {path}") from None
+        if hv is not None and not isinstance(hv, dict):
+            raise DsclusterError(
+                f"in inventory {path}, host {host!r} of group {name!r} has {rules.show(hv)} "
+                f"({rules.kind(hv)}) where its variables belong; write {host}: {{}} or "
+                f"{host}: {{ansible_host: 10.0.0.1}}"
+            )
+    if depth < 32:
+        for child, sub in (node.get("children") or {}).items():
+            _check_group(path, str(child), sub, depth + 1)
+
+
+def _check_yaml_inventory(path: pathlib.Path) -> None:
+    data = _parse_yaml(path, "inventory file")
+    if data is None:
+        raise DsclusterError(
+            f"inventory file {path} is empty; add hosts under all: children: head: and "
+            "workers: (see inventories/sample/hosts.yml)"
+        )
+    if not isinstance(data, dict):
+        raise DsclusterError(
+            f"inventory file {path} holds {rules.kind(data)} ({rules.show(data)}); it must be "
+            "a mapping of groups, e.g. all: {children: {head: {hosts: {n1: {}}}}}"
+        )
+    for name, node in data.items():
+        _check_group(path, str(name), node)
+
+
+def _check_var_files(directory: pathlib.Path) -> None:
+    """group_vars/ and host_vars/ beside the hosts file: YAML mappings."""
+    for sub in ("group_vars", "host_vars"):
+        base = directory / sub
+        if not base.is_dir():
+            continue
+        for path in sorted(base.rglob("*")):
+            if not path.is_file() or path.suffix not in ("", ".yml", ".yaml", ".json"):
+                continue
+            data = _parse_yaml(path, "variables file")
+            if data is not None and not isinstance(data, dict):
+                raise DsclusterError(
+                    f"variables file {path} holds {rules.kind(data)} ({rules.show(data)}); it "
+                    "must be a mapping of variables, e.g. dscluster_cpu_slots: 2"
+                )
+
+
+def load(source: str | pathlib.Path) -> Inventory:
+    """Load an inventory file or directory with `ansible-inventory --list`, then check it
+    with the inventory rules (rules.py): any problem is refused here, before a command does
+    anything."""
+    path = _hosts_file(pathlib.Path(source).expanduser())
+    if path.suffix in (".yml", ".yaml"):
+        _check_yaml_inventory(path)
+    _check_var_files(path.parent)
     proc = run([tool("ansible-inventory"), "-i", str(path), "--list"], check=False, timeout=120)
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
@@ -139,7 +242,9 @@ def load(source: str | pathlib.Path) -> Inventory:
         hostvars.setdefault(host, {})
     if not groups.get("all"):
         raise DsclusterError(f"inventory {path} has no hosts; add hosts under 'head' and 'workers'")
-    return Inventory(source=path.resolve(), groups=groups, hostvars=hostvars)
+    inv = Inventory(source=path.resolve(), groups=groups, hostvars=hostvars)
+    rules.check_inventory(inv)
+    return inv
 
 
 def write_hosts_yml(directory: pathlib.Path, data: dict[str, Any], header: str) -> pathlib.Path:

@@ -369,3 +369,58 @@ def test_doctor_needs_an_inventory(capsys):
     with pytest.raises(SystemExit):
         main(["doctor"])
     assert "--inventory" in capsys.readouterr().err
+
+
+# What doctor reads on the controller is read, and refused, before its playbook runs.
+
+
+def _write_inv(tmp_path, hostfile: bytes | None = None, **hostvars):
+    from dscluster.inventory import Inventory  # noqa: PLC0415
+
+    source = tmp_path / "hosts.yml"
+    source.write_text("all: {}\n")
+    if hostfile is not None:
+        (tmp_path / "hostfile").write_bytes(hostfile)
+    return Inventory(
+        source=source,
+        groups={"all": ["n1", "n2"], "head": ["n1"], "workers": ["n2"]},
+        hostvars={"n1": dict(hostvars), "n2": {}},
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        (b"n1 slots=two\n", "'n1 slots=two'"),
+        (b"n1 slots=0\n", "'n1 slots=0'"),
+        (b"n1 slots=99999999999\n", "99999999999"),
+        (b"n1 slots=\xd9\xa3\n", "line 1"),
+        (b"n1 slots=2 extra\n", "'n1 slots=2 extra'"),
+        (b"n1\n", "'n1'"),
+        (b"\xff\n", "bad byte at line 1"),
+    ],
+)
+def test_a_hand_edited_hostfile_is_refused_before_the_playbook(tmp_path, text, shown):
+    from dscluster.doctor import run as doctor_run  # noqa: PLC0415
+    from dscluster.errors import DsclusterError  # noqa: PLC0415
+
+    with pytest.raises(DsclusterError) as exc:
+        doctor_run._inputs(_write_inv(tmp_path, text))
+    assert shown in str(exc.value)
+
+
+def test_hostfile_comments_and_blank_lines_are_fine(tmp_path):
+    from dscluster.doctor import run as doctor_run  # noqa: PLC0415
+
+    inputs = doctor_run._inputs(_write_inv(tmp_path, b"# by hand\n\nn1 slots=2\nn2 slots=1\n"))
+    assert inputs["hostfile_slots"] == {"n1": 2, "n2": 1}
+    assert inputs["cpu_slots"] == {"n1": 1, "n2": 1}
+
+
+@pytest.mark.parametrize("value", ["eight", "{{ slots }}", 2.7, True])
+def test_slot_variables_doctor_compares_are_refused_not_crashed_on(tmp_path, value):
+    from dscluster.doctor import run as doctor_run  # noqa: PLC0415
+    from dscluster.errors import DsclusterError  # noqa: PLC0415
+
+    with pytest.raises(DsclusterError, match="dscluster_cpu_slots"):
+        doctor_run._inputs(_write_inv(tmp_path, dscluster_cpu_slots=value))

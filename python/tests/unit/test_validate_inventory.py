@@ -19,13 +19,20 @@ PLAYBOOK = pathlib.Path(__file__).parent / "playbooks" / "validate_inventory.yml
 ANSIBLE = pathlib.Path(sys.executable).parent / "ansible-playbook"
 
 
-def validate(tmp_path: pathlib.Path, variables: dict, storage: list[str] | None = None):
+def validate(
+    tmp_path: pathlib.Path,
+    variables: dict,
+    storage: list[str] | None = None,
+    host_vars: dict[str, dict] | None = None,
+):
+    host_vars = host_vars or {}
+    workers = [h for h in host_vars if h != "h1"] or ["h2", "h3"]
     data: dict = {
         "all": {
             "vars": {"ansible_connection": "local", **variables},
             "children": {
-                "head": {"hosts": {"h1": {}}},
-                "workers": {"hosts": {"h2": {}, "h3": {}}},
+                "head": {"hosts": {"h1": host_vars.get("h1", {})}},
+                "workers": {"hosts": {h: host_vars.get(h, {}) for h in workers}},
             },
         }
     }
@@ -89,3 +96,68 @@ def test_unknown_storage_kind_names_the_value(tmp_path):
     assert rc != 0
     assert "The inventory has 1 problem(s)" in out
     assert 'dscluster_shared_storage is "nfs4"' in out or 'is \\"nfs4\\"' in out
+
+
+def problems(out: str) -> list[str]:
+    """The numbered problem lines of the report (Ansible may print them JSON-escaped)."""
+    text = out.replace('\\"', '"').replace("\\n", "\n")
+    return sorted({ln.strip() for ln in text.splitlines() if ln.strip().startswith("[")})
+
+
+def test_every_rule_of_rules_yml_is_applied_and_reported_together(tmp_path):
+    rc, out = validate(
+        tmp_path,
+        {
+            "dscluster_master_port": 0,
+            "dscluster_training_user": "root",
+            "dscluster_training_uid": 12,
+            "dscluster_extra_env": {"A-B": 1},
+            "dscluster_nccl_socket_ifname": "eth 0",
+            "dscluster_slurm": "yes",
+            "dscluster_expected_slots": -1,
+            "dscluster_venv": "venv",
+            "dscluster_shared_dir": "/",
+        },
+    )
+    assert rc != 0
+    assert "The inventory has 9 problem(s)" in out
+    for text in (
+        "dscluster_master_port is 0; it must be a TCP port, a whole number from 1 to 65535",
+        'dscluster_training_user is "root"; it must be a Linux user name other than root',
+        "dscluster_training_uid is 12; it must be a whole number from 1000 to 65533",
+        'dscluster_extra_env is {"A-B": 1}; it must be a mapping of environment variable names',
+        'dscluster_nccl_socket_ifname is "eth 0"',
+        'dscluster_slurm is "yes"; it must be true or false',
+        "dscluster_expected_slots is -1; it must be a whole number from 0 to 1024",
+        'dscluster_venv is "venv"; it must be an absolute path',
+        "dscluster_shared_dir is \"/\"; it must be an absolute path other than '/'",
+    ):
+        assert any(text in line for line in problems(out)), (text, problems(out))
+
+
+def test_cpu_slots_refuses_bools_floats_strings_and_zero_per_host(tmp_path):
+    rc, out = validate(
+        tmp_path,
+        {},
+        host_vars={
+            "h1": {"dscluster_cpu_slots": True},
+            "h2": {"dscluster_cpu_slots": 2.7},
+            "h3": {"dscluster_cpu_slots": "2"},
+            "h4": {"dscluster_cpu_slots": 0},
+            "h5": {"dscluster_cpu_slots": 1025},
+            "h6": {"dscluster_cpu_slots": 4, "dscluster_extra_env": {"OMP_NUM_THREADS": 4}},
+        },
+    )
+    assert rc != 0
+    assert "The inventory has 5 problem(s)" in out
+    lines = problems(out)
+    for host, shown in (("h1", "true"), ("h2", "2.7"), ("h3", '"2"'), ("h4", "0"), ("h5", "1025")):
+        assert any(f"on {host}: dscluster_cpu_slots is {shown};" in ln for ln in lines), lines
+    assert not any("h6" in ln for ln in lines), lines
+
+
+def test_a_host_named_like_a_group_is_refused(tmp_path):
+    rc, out = validate(tmp_path, {}, host_vars={"h1": {}, "Workers": {}})
+    assert rc != 0
+    assert "on Workers: The host name cannot be used" in out.replace("\\n", " ")
+    assert "not be a group name (all, ungrouped, head, workers, storage, localhost)" in out

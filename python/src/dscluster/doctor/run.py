@@ -14,25 +14,42 @@ from typing import Any
 
 from rich.console import Console
 
-from .. import storage
+from .. import rules, storage
 from ..errors import DsclusterError
-from ..hostfile import parse_env_file
+from ..hostfile import parse_env_file, read_degraded
 from ..inventory import DEFAULT_MASTER_PORT, Inventory
 from ..paths import cache_dir
 from ..util import atomic_write
+from ..validate import MAX_SLOTS, read_text
 from .evaluate import evaluate
 from .findings import load_json
 from .report import DoctorReport, Thresholds, problem_lines, summary_line, table
 
 
 def _read_hostfile(path: pathlib.Path) -> dict[str, int] | None:
+    """host -> slots of the hostfile (perhaps edited by hand); a bad line is refused with its
+    number, before any playbook runs."""
     if not path.is_file():
         return None
     slots: dict[str, int] = {}
-    for line in path.read_text().splitlines():
-        parts = line.split()
-        if len(parts) >= 2 and parts[1].startswith("slots="):
-            slots[parts[0]] = int(parts[1].split("=", 1)[1])
+    for number, line in enumerate(read_text(path, "hostfile").splitlines(), start=1):
+        parts = line.split("#", 1)[0].split()
+        if not parts:
+            continue
+        value = parts[1].split("=", 1)[1] if len(parts) >= 2 and "=" in parts[1] else ""
+        if (
+            len(parts) != 2
+            or not parts[1].startswith("slots=")
+            or not value.isascii()
+            or not value.isdigit()
+            or not 1 <= int(value) <= MAX_SLOTS
+        ):
+            raise DsclusterError(
+                f"hostfile {path} line {number} is {line.strip()!r}; each line must be "
+                f"'<host> slots=<1-{MAX_SLOTS}>', e.g. n1 slots=2: fix it or rewrite it with "
+                "'dscluster hostfile'"
+            )
+        slots[parts[0]] = int(value)
     return slots
 
 
@@ -41,7 +58,7 @@ def _recorded(inv: Inventory) -> dict[str, dict[str, Any]]:
     for host in inv.hosts:
         path = inv.directory / "facts" / f"{host}.json"
         if path.is_file():
-            data = load_json(path.read_text())
+            data = load_json(read_text(path, "facts file"))
             if data:
                 out[host] = data
     return out
@@ -49,7 +66,55 @@ def _recorded(inv: Inventory) -> dict[str, dict[str, Any]]:
 
 def _env_file(inv: Inventory) -> dict[str, str]:
     path = inv.directory / ".deepspeed_env"
-    return parse_env_file(path.read_text(), str(path)) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        return parse_env_file(read_text(path, ".deepspeed_env"), str(path))
+    except (ValueError, TypeError) as exc:
+        raise DsclusterError(
+            f"{path} cannot be read ({exc}); rewrite it with 'dscluster hostfile'"
+        ) from None
+
+
+def _slot_var(inv: Inventory, host: str, name: str) -> int | None:
+    """An int slot variable of the inventory (rules.yml checked its type at load); a
+    template Ansible would render is refused: doctor compares numbers."""
+    value = inv.var(host, name)
+    if value is None:
+        return None
+    rules.check_value(name, value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DsclusterError(
+            f"{name} on {host} is {rules.show(value)}; doctor needs a plain whole number "
+            f"there, not a template: write e.g. {name}: 2 in {inv.source}"
+        )
+    return value
+
+
+def _inputs(inv: Inventory) -> dict[str, Any]:
+    """Everything doctor reads from the controller's files, read (and refused) before the
+    playbook runs."""
+    try:
+        degraded = read_degraded(inv)
+    except (ValueError, TypeError) as exc:
+        raise DsclusterError(
+            f"the degraded-nodes record of {inv.directory} cannot be read ({exc}); delete it "
+            "and run 'dscluster provision' again"
+        ) from None
+    user = inv.var(inv.head, "dscluster_training_user", "ds")
+    return {
+        "degraded": degraded,
+        "recorded": _recorded(inv),
+        "env": _env_file(inv),
+        "hostfile_slots": _read_hostfile(inv.directory / "hostfile"),
+        "expected_slots": {
+            h: v
+            for h in inv.hosts
+            if (v := _slot_var(inv, h, "dscluster_expected_slots")) is not None
+        },
+        "cpu_slots": {h: _slot_var(inv, h, "dscluster_cpu_slots") or 1 for h in inv.hosts},
+        "user": user if isinstance(user, str) and not rules.is_template(user) else "ds",
+    }
 
 
 def run_doctor(
@@ -60,12 +125,12 @@ def run_doctor(
     console: Console | None = None,
 ) -> DoctorReport:
     """Run playbooks/doctor.yml and judge what it found. Saves reports/doctor-latest.json."""
-    from ..hostfile import read_degraded  # noqa: PLC0415
     from ..runner import run_playbook  # noqa: PLC0415
 
     console = console or Console(stderr=True)
+    inputs = _inputs(inv)
     # Nodes a provision --allow-degraded left out are not in the hostfile: not checked either.
-    degraded = read_degraded(inv)
+    degraded = inputs["degraded"]
     hosts = [h for h in inv.hosts if h not in degraded]
     if degraded:
         console.print(
@@ -73,8 +138,7 @@ def run_doctor(
             markup=False,
             highlight=False,
         )
-    recorded = _recorded(inv)
-    env = _env_file(inv)
+    recorded, env = inputs["recorded"], inputs["env"]
     token = secrets.token_hex(8)
     shared = storage.inventory_paths(inv).shared
     out_dir = pathlib.Path(tempfile.mkdtemp(prefix="doctor-", dir=cache_dir()))
@@ -121,18 +185,14 @@ def run_doctor(
         inv.head,
         findings,
         unreachable=unreachable,
-        hostfile_slots=_read_hostfile(inv.directory / "hostfile"),
-        expected_slots={
-            h: int(v)
-            for h in inv.hosts
-            if (v := inv.var(h, "dscluster_expected_slots")) is not None
-        },
-        cpu_slots={h: int(inv.var(h, "dscluster_cpu_slots", 1) or 1) for h in inv.hosts},
+        hostfile_slots=inputs["hostfile_slots"],
+        expected_slots=inputs["expected_slots"],
+        cpu_slots=inputs["cpu_slots"],
         recorded=recorded,
         shared_storage=shared,
         token=token,
         master_port=master_port,
-        user=str(inv.var(inv.head, "dscluster_training_user", "ds")),
+        user=inputs["user"],
         thresholds=thresholds,
     )
     atomic_write(
