@@ -129,6 +129,23 @@ def _mapping_ok(rule: Mapping[str, Any], value: Mapping[Any, Any]) -> bool:
     return True
 
 
+def _mapping_problem(rule: Mapping[str, Any], value: Mapping[Any, Any]) -> str | None:
+    """The first entry of a mapping that breaks the rule, in words: `key '1X' is not an
+    environment variable name`, `OMP_NUM_THREADS is null`, `LR is nan`."""
+    key_re = rule.get("key_pattern")
+    types = rule.get("value_types")
+    for key, item in value.items():
+        if not isinstance(key, str) or (key_re and not re.fullmatch(key_re, key)):
+            return f"key {show(key)} is not {rule.get('key_what', 'a valid key')}"
+        if types is not None and not _scalar_ok(item, types):
+            if item is None:
+                return f"{key} is null"
+            if isinstance(item, float):
+                return f"{key} is {item}"
+            return f"{key} is {kind(item)}"
+    return None
+
+
 def value_ok(rule: Mapping[str, Any], value: Any) -> bool:
     """True when the value follows the rule (the same conditions as the role's assert)."""
     if not _type_ok(rule, value):
@@ -146,6 +163,9 @@ def value_ok(rule: Mapping[str, Any], value: Any) -> bool:
 def problem(name: str, value: Any, rule: Mapping[str, Any]) -> str:
     """`<name> is <value> (<kind>); it must be ..., e.g. ...` (no host, no file)."""
     what = "" if _type_ok(rule, value) else f" ({kind(value)})"
+    if not what and isinstance(value, Mapping):
+        detail = _mapping_problem(rule, value)
+        what = f" ({detail})" if detail else ""
     text = f"{name} is {show(value)}{what}; it must be {rule['must']}, e.g. {rule['example']}"
     if rule.get("fix"):
         text += f" ({rule['fix']})"

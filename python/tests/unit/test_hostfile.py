@@ -506,15 +506,16 @@ def test_extra_env_numbers_and_bools_become_text(inventory_dir: pathlib.Path):
     ("yaml_value", "needle"),
     [
         ("{OMP_NUM_THREADS: null}", "OMP_NUM_THREADS is null"),
-        ("{A: {b: 1}}", "A is dict"),
-        ("[A=1]", "is list"),
+        ("{A: {b: 1}}", "A is a mapping"),
+        ("[A=1]", "(a list)"),
         ("{1X: 4}", "key '1X' is not an environment variable name"),
     ],
 )
 def test_extra_env_refused_naming_the_key(inventory_dir: pathlib.Path, yaml_value, needle):
-    inv = _with_extra_env(inventory_dir, yaml_value)
+    # Refused when the inventory is read (rules.yml, as validate_inventory) or, for an
+    # inventory object made otherwise, when the launch files are rendered.
     with pytest.raises(DsclusterError, match=re.escape(needle)):
-        hostfile.write_launch_files(inv)
+        hostfile.write_launch_files(_with_extra_env(inventory_dir, yaml_value))
     assert not (inventory_dir / "hostfile").exists()
 
 

@@ -16,41 +16,22 @@ from rich.console import Console
 
 from .. import rules, storage
 from ..errors import DsclusterError
-from ..hostfile import parse_env_file, read_degraded
+from ..hostfile import parse_env_file, parse_hostfile, read_degraded
 from ..inventory import DEFAULT_MASTER_PORT, Inventory
 from ..paths import cache_dir
 from ..util import atomic_write
-from ..validate import MAX_SLOTS, read_text
+from ..validate import read_text
 from .evaluate import evaluate
 from .findings import load_json
 from .report import DoctorReport, Thresholds, problem_lines, summary_line, table
 
 
 def _read_hostfile(path: pathlib.Path) -> dict[str, int] | None:
-    """host -> slots of the hostfile (perhaps edited by hand); a bad line is refused with its
-    number, before any playbook runs."""
+    """host -> slots of the hostfile (perhaps edited by hand), read as DeepSpeed reads it
+    (hostfile.parse_hostfile); a bad line is refused with its number, before any playbook."""
     if not path.is_file():
         return None
-    slots: dict[str, int] = {}
-    for number, line in enumerate(read_text(path, "hostfile").splitlines(), start=1):
-        parts = line.split("#", 1)[0].split()
-        if not parts:
-            continue
-        value = parts[1].split("=", 1)[1] if len(parts) >= 2 and "=" in parts[1] else ""
-        if (
-            len(parts) != 2
-            or not parts[1].startswith("slots=")
-            or not value.isascii()
-            or not value.isdigit()
-            or not 1 <= int(value) <= MAX_SLOTS
-        ):
-            raise DsclusterError(
-                f"hostfile {path} line {number} is {line.strip()!r}; each line must be "
-                f"'<host> slots=<1-{MAX_SLOTS}>', e.g. n1 slots=2: fix it or rewrite it with "
-                "'dscluster hostfile'"
-            )
-        slots[parts[0]] = int(value)
-    return slots
+    return dict(parse_hostfile(read_text(path, "hostfile"), str(path)))
 
 
 def _recorded(inv: Inventory) -> dict[str, dict[str, Any]]:
@@ -166,7 +147,7 @@ def run_doctor(
         )
         findings = {}
         for path in out_dir.glob("*.json"):
-            data = load_json(path.read_text())
+            data = load_json(path.read_text(errors="replace"))
             if data is not None:
                 findings[path.stem] = data
     finally:
