@@ -119,8 +119,8 @@ def real_type(
     return parse
 
 
-def name_type(check: Callable[[str], None]) -> Callable[[str], str]:
-    """An argparse type from one of sources/names.py's checks."""
+def _as_type(check: Callable[[str], object], name: str) -> Callable[[str], str]:
+    """An argparse type from a check that raises DsclusterError (the text, unchanged)."""
 
     def parse(text: str) -> str:
         try:
@@ -129,8 +129,13 @@ def name_type(check: Callable[[str], None]) -> Callable[[str], str]:
             raise _fail(str(exc)) from None
         return text
 
-    parse.__name__ = check.__name__
+    parse.__name__ = name
     return parse
+
+
+def name_type(check: Callable[[str], None]) -> Callable[[str], str]:
+    """An argparse type from one of sources/names.py's checks."""
+    return _as_type(check, check.__name__)
 
 
 def existing_file_type(what: str) -> Callable[[str], pathlib.Path]:
@@ -161,61 +166,49 @@ def _nearest_existing(path: pathlib.Path) -> pathlib.Path:
 
 def out_file_type(what: str = "output file") -> Callable[[str], pathlib.Path]:
     """A file dscluster may write: not a directory, under a directory (made when missing)."""
-
-    def parse(text: str) -> pathlib.Path:
-        try:
-            return check_out_file(text, what)
-        except DsclusterError as exc:
-            raise _fail(str(exc)) from None
-
-    parse.__name__ = what
-    return parse
+    text_type = _as_type(lambda text: check_out_file(text, what), what)
+    return lambda text: pathlib.Path(text_type(text)).expanduser()
 
 
-def check_out_file(text: str | os.PathLike[str], what: str = "output file") -> pathlib.Path:
+def out_dir_type(what: str = "output directory") -> Callable[[str], pathlib.Path]:
+    text_type = _as_type(lambda text: check_out_dir(text, what), what)
+    return lambda text: pathlib.Path(text_type(text)).expanduser()
+
+
+def _one_line_path(text: str | os.PathLike[str], what: str, noun: str) -> str:
     raw = os.fspath(text)
     if not raw.strip() or "\n" in raw or "\x00" in raw:
-        raise DsclusterError(f"the {what} path {raw!r} is empty or not one line; give a file")
-    path = pathlib.Path(raw).expanduser()
-    if path.is_dir() or raw.endswith("/"):
-        raise DsclusterError(f"{what} {raw} is a directory; give a file path, e.g. {raw}/out.json")
-    probe = _nearest_existing(path.parent)
+        raise DsclusterError(f"the {what} {raw!r} is empty or not one line; give {noun}")
+    return raw
+
+
+def _writable_below(raw: str, probe: pathlib.Path, what: str) -> None:
+    """probe (the nearest existing part of the path) must be a directory we may write in."""
     if not probe.is_dir():
         raise DsclusterError(
             f"{what} {raw}: {probe} is a file, not a directory; choose another path"
         )
     if not os.access(probe, os.W_OK | os.X_OK):
         raise DsclusterError(f"{what} {raw}: {probe} is not writable; choose a writable place")
+
+
+def check_out_file(text: str | os.PathLike[str], what: str = "output file") -> pathlib.Path:
+    raw = _one_line_path(text, what, "a file")
+    path = pathlib.Path(raw).expanduser()
+    if path.is_dir() or raw.endswith("/"):
+        raise DsclusterError(f"{what} {raw} is a directory; give a file path, e.g. {raw}/out.json")
+    _writable_below(raw, _nearest_existing(path.parent), what)
     return path
 
 
 def check_out_dir(text: str | os.PathLike[str], what: str = "output directory") -> pathlib.Path:
     """A directory dscluster writes files into (made when missing); not an existing file."""
-    raw = os.fspath(text)
-    if not raw.strip() or "\n" in raw or "\x00" in raw:
-        raise DsclusterError(f"the {what} {raw!r} is empty or not one line; give a directory")
+    raw = _one_line_path(text, what, "a directory")
     path = pathlib.Path(raw).expanduser()
     if path.exists() and not path.is_dir():
         raise DsclusterError(f"{what} {raw} is a file; give a directory (it is made when missing)")
-    probe = _nearest_existing(path)
-    if not probe.is_dir():
-        raise DsclusterError(
-            f"{what} {raw}: {probe} is a file, not a directory; choose another path"
-        )
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise DsclusterError(f"{what} {raw}: {probe} is not writable; choose a writable place")
+    _writable_below(raw, _nearest_existing(path), what)
     return path
-
-
-def out_dir_type(what: str = "output directory") -> Callable[[str], pathlib.Path]:
-    def parse(text: str) -> pathlib.Path:
-        try:
-            return check_out_dir(text, what)
-        except DsclusterError as exc:
-            raise _fail(str(exc)) from None
-
-    parse.__name__ = what
-    return parse
 
 
 def read_text(path: pathlib.Path, what: str) -> str:
