@@ -130,11 +130,33 @@ def _hosts_file(path: pathlib.Path) -> pathlib.Path:
     return path
 
 
+class _AnsibleYaml(yaml.SafeLoader):
+    """YAML as Ansible writes it: `!vault` (inline ansible-vault values) and `!unsafe` are
+    Ansible's tags, not errors; their values are kept as opaque text here."""
+
+
+def _ansible_tag(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+    if isinstance(node, yaml.ScalarNode):
+        return loader.construct_scalar(node)
+    if isinstance(node, yaml.SequenceNode):
+        return loader.construct_sequence(node)
+    return loader.construct_mapping(node)  # type: ignore[arg-type]
+
+
+for _tag in ("!vault", "!unsafe", "!vault-encrypted"):
+    _AnsibleYaml.add_constructor(_tag, _ansible_tag)
+
+VAULT_HEADER = "$ANSIBLE_VAULT;"
+
+
 def _parse_yaml(path: pathlib.Path, what: str) -> Any:
-    """A YAML file, with a syntax error reported at its line (Ansible only warns)."""
+    """A YAML file, with a syntax error reported at its line (Ansible only warns). A file
+    encrypted whole with ansible-vault is Ansible's to read: None here."""
     text = read_text(path, what)
+    if text.lstrip().startswith(VAULT_HEADER):
+        return None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_AnsibleYaml)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -187,6 +209,8 @@ def _check_group(path: pathlib.Path, name: str, node: Any, depth: int = 0) -> No
 
 def _check_yaml_inventory(path: pathlib.Path) -> None:
     data = _parse_yaml(path, "inventory file")
+    if data is None and read_text(path, "inventory file").lstrip().startswith(VAULT_HEADER):
+        return  # encrypted whole: ansible-inventory decrypts it (or says why it cannot)
     if data is None:
         raise DsclusterError(
             f"inventory file {path} is empty; add hosts under all: children: head: and "

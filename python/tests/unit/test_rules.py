@@ -202,3 +202,23 @@ def test_any_value_is_accepted_or_refused_with_one_line(name, value):
     except DsclusterError as exc:
         text = str(exc)
         assert text.startswith(f"{name} is ") and "it must be" in text and "e.g." in text
+
+
+def test_ansible_vault_values_are_not_yaml_errors(tmp_path: pathlib.Path):
+    """Inline `!vault` values (and `!unsafe`) are Ansible's YAML tags: an inventory with them
+    loads; the encrypted text is Ansible's to decrypt."""
+    inv = tmp_path / "inv"
+    (inv / "group_vars").mkdir(parents=True)
+    (inv / "hosts.yml").write_text(
+        "all:\n  vars:\n    motd: !unsafe '{{ not a template }}'\n  children:\n"
+        "    head:\n      hosts:\n        n1: {}\n    workers:\n      hosts:\n        n2: {}\n"
+    )
+    (inv / "group_vars" / "all.yml").write_text(
+        "db_password: !vault |\n"
+        "  $ANSIBLE_VAULT;1.1;AES256\n"
+        "  62313365396662343061393464336163383764373764613633653634306231386433626436623361\n"
+        "dscluster_cpu_slots: 2\n"
+    )
+    loaded = inventory.load(inv)
+    assert loaded.hosts == ["n1", "n2"]
+    assert loaded.var("n2", "dscluster_cpu_slots") == 2
