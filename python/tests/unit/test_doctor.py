@@ -424,3 +424,29 @@ def test_slot_variables_doctor_compares_are_refused_not_crashed_on(tmp_path, val
 
     with pytest.raises(DsclusterError, match="dscluster_cpu_slots"):
         doctor_run._inputs(_write_inv(tmp_path, dscluster_cpu_slots=value))
+
+
+@pytest.mark.parametrize(
+    ("status", "rc", "failures", "needle"),
+    [
+        ("failed", 4, [("-", "doctor.yml", "ERROR! couldn't resolve module")], "couldn't resolve"),
+        ("successful", 0, [], "the play ended successful, rc 0"),
+    ],
+)
+def test_no_findings_says_why_the_play_gave_none(
+    monkeypatch, inventory_dir, status, rc, failures, needle
+):
+    """A play that stopped before any host reported (a parse error, a timeout) names that
+    cause on every node's reach check, not only 'no findings came back'."""
+    from io import StringIO  # noqa: PLC0415
+
+    from rich.console import Console  # noqa: PLC0415
+
+    from dscluster import inventory, runner  # noqa: PLC0415
+
+    result = runner.PlaybookResult(status=status, rc=rc, hosts={}, failures=failures)
+    monkeypatch.setattr(runner, "run_playbook", lambda *a, **kw: result)
+    report = doctor.run_doctor(inventory.load(inventory_dir), console=Console(file=StringIO()))
+    for host in ("node-a", "node-b", "node-c"):
+        details = " ".join(report.cell("reach", host).details)
+        assert "no findings came back" in details and needle in details, details

@@ -157,10 +157,18 @@ def run_doctor(
         for host, task, msg in result.failures
         if host in hosts and result.hosts.get(host) and result.hosts[host].unreachable
     }
+    # A failure no host owns (the play did not start, a timeout): why no host reported.
+    unowned = [f"{t}: {m}" for h, t, m in result.failures if h not in inv.hosts]
     for host in hosts:
         if host not in findings and host not in unreachable:
             failed = [f"task '{t}': {m}" for h, t, m in result.failures if h == host]
-            unreachable[host] = failed[0] if failed else "no findings came back"
+            unreachable[host] = (
+                failed[0]
+                if failed
+                else f"no findings came back ({unowned[0]})"
+                if unowned
+                else f"no findings came back (the play ended {result.status}, rc {result.rc})"
+            )
     report = evaluate(
         hosts,
         inv.head,
