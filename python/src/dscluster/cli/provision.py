@@ -6,14 +6,14 @@ import argparse
 
 from rich.console import Console
 
-from ..errors import DsclusterError
 from . import flags
 
 
 def register(sub) -> None:
     prov = sub.add_parser("provision", help="run playbooks/site.yml with live progress")
     flags.inventory(prov)
-    prov.set_defaults(check=check_provision)
+    # check_provision sets `loaded` (the inventory it read for --limit) for the command.
+    prov.set_defaults(check=check_provision, loaded=None)
     prov.add_argument("--playbook", default="site.yml", help="playbook under playbooks/")
     prov.add_argument("--limit", help="Ansible host pattern to limit the run")
     prov.add_argument("--tags", help="only plays/tasks with these tags")
@@ -48,10 +48,8 @@ def check_provision(args: argparse.Namespace) -> None:
 def cmd_provision(args: argparse.Namespace, out: Console, err: Console) -> int:
     from .. import provision  # noqa: PLC0415
 
-    if getattr(args, "loaded", None) is None and args.limit is not None:
-        raise DsclusterError("internal: --limit was not checked")  # check_provision ran first
     return provision.provision(
-        getattr(args, "loaded", None) or args.inventory,
+        args.loaded or args.inventory,
         playbook=args.playbook,
         limit=args.limit,
         tags=args.tags,

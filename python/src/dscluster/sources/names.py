@@ -22,7 +22,10 @@ INVENTORY_NAME_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 RESERVED_NAMES = frozenset({"all", "ungrouped", "head", "workers", "storage", "localhost"})
 
 
-def _reserved(name: str, what: str) -> None:
+def _check(name: object, regex: re.Pattern[str], what: str, refusal: str) -> None:
+    """One naming rule: a full match of regex, then not a reserved name."""
+    if not isinstance(name, str) or not regex.fullmatch(name):
+        raise DsclusterError(f"{what} {name!r} {refusal}")
     if name.lower() in RESERVED_NAMES:
         raise DsclusterError(
             f"{what} {name!r} is reserved (an Ansible or dscluster group name); pick another, "
@@ -31,28 +34,30 @@ def _reserved(name: str, what: str) -> None:
 
 
 def check_cluster_name(name: str) -> None:
-    if not isinstance(name, str) or not CLUSTER_NAME_RE.fullmatch(name):
-        raise DsclusterError(
-            f"cluster name {name!r} is not usable; use lowercase letters, digits and '-', "
-            "starting with a letter, at most 31 characters (e.g. demo)"
-        )
-    _reserved(name, "cluster name")
+    _check(
+        name,
+        CLUSTER_NAME_RE,
+        "cluster name",
+        "is not usable; use lowercase letters, digits and '-', starting with a letter, at "
+        "most 31 characters (e.g. demo)",
+    )
 
 
 def check_inventory_name(name: str) -> None:
-    if not isinstance(name, str) or not INVENTORY_NAME_RE.fullmatch(name):
-        raise DsclusterError(
-            f"inventory name {name!r} is not usable; use lowercase letters, digits, '-' and '_', "
-            "starting with a letter (e.g. demo)"
-        )
-    _reserved(name, "inventory name")
+    _check(
+        name,
+        INVENTORY_NAME_RE,
+        "inventory name",
+        "is not usable; use lowercase letters, digits, '-' and '_', starting with a letter "
+        "(e.g. demo)",
+    )
 
 
 def check_host_name(name: str) -> None:
-    if not isinstance(name, str) or not HOSTNAME_RE.fullmatch(name):
-        raise DsclusterError(
-            f"host name {name!r} cannot go in a DeepSpeed hostfile or a pdsh list; use letters, "
-            "digits, '.', '_' or '-', starting with a letter or digit (keep an address in "
-            "ansible_host)"
-        )
-    _reserved(name, "host name")
+    _check(
+        name,
+        HOSTNAME_RE,
+        "host name",
+        "cannot go in a DeepSpeed hostfile or a pdsh list; use letters, digits, '.', '_' or "
+        "'-', starting with a letter or digit (keep an address in ansible_host)",
+    )
