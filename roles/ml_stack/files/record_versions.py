@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Print this node's versions manifest as JSON (run with the cluster venv's python).
 
+  record_versions.py WHEELHOUSE [USER_WHEELHOUSE]
+
 Recorded by the ml_stack role into /etc/ansible/facts.d/ml_stack.fact and compared across
 nodes by the verify step and by `dscluster doctor`: any difference is skew.
 """
 
 import contextlib
 import hashlib
+import importlib.metadata
 import json
 import pathlib
 import platform
@@ -85,8 +88,62 @@ def accelerator(torch) -> str:
     return "cpu"
 
 
+def installed_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def locked_pins(lock: pathlib.Path) -> dict[str, str]:
+    """name -> version of a requirements.lock (`name==version --hash=...` lines)."""
+    pins = {}
+    if lock.exists():
+        for line in lock.read_text().splitlines():
+            match = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", line)
+            if match:
+                pins[match.group(1)] = match.group(2)
+    return pins
+
+
+def same_version(have: str, locked: str) -> bool:
+    if have == locked:
+        return True
+    try:
+        from packaging.version import InvalidVersion, Version  # noqa: PLC0415 - base lock
+
+        return bool(have) and Version(have) == Version(locked)
+    except (ImportError, InvalidVersion):
+        return False
+
+
+def drift(pins: dict[str, str]) -> dict[str, str]:
+    """The locked distributions the venv has at another version ("" = missing)."""
+    return {
+        name: have
+        for name, v in pins.items()
+        if not same_version(have := installed_version(name), v)
+    }
+
+
+def user_layer(user_dir: pathlib.Path | None) -> dict:
+    """The user layer's key, lock hash and packages, and what of it the venv lacks."""
+    lock_json = user_dir / "lock.json" if user_dir else None
+    if lock_json is None or not lock_json.exists():
+        return {"key": "", "lock_sha256": "", "packages": {}, "drift": {}}
+    lock = json.loads(lock_json.read_text())
+    packages = dict(lock.get("packages", {}))
+    return {
+        "key": lock.get("key", ""),
+        "lock_sha256": sha256(user_dir / "requirements.lock"),
+        "packages": packages,
+        "drift": drift(packages),
+    }
+
+
 def main() -> int:
     wheelhouse = pathlib.Path(sys.argv[1])
+    user_dir = pathlib.Path(sys.argv[2]) if len(sys.argv) > 2 else None
     # DeepSpeed logs to stdout while importing; keep stdout for the JSON alone.
     with contextlib.redirect_stdout(sys.stderr):
         import deepspeed  # noqa: PLC0415
@@ -107,7 +164,14 @@ def main() -> int:
         "libfabric": libfabric(),
         "lock_sha256": sha256(lock) if lock.exists() else "",
         "wheels": {p.name: sha256(p) for p in sorted(wheelhouse.glob("*.whl"))},
+        # Base distributions installed at another version than the base lock's (a user
+        # layer must never replace one).
+        "base_drift": drift(locked_pins(lock)),
     }
+    layer = user_layer(user_dir)
+    manifest["user_layer"] = layer
+    manifest["user_layer_key"] = layer["key"]
+    manifest["user_lock_sha256"] = layer["lock_sha256"]
     json.dump(manifest, sys.stdout, indent=2, sort_keys=True)
     sys.stdout.write("\n")
     return 0
