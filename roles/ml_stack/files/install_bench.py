@@ -3,8 +3,9 @@
 
   install_bench.py WHEELHOUSE [--uv /opt/dscluster/tools/bin/uv] [--python /usr/bin/python3]
 
-Both installs are the role's own: no index, the wheelhouse as --find-links, hashes required,
-no cache (pip --no-cache-dir, uv --no-cache), so the two start equally cold. The venvs are
+Both installs are the role's own: no index, the wheelhouse as --find-links, hashes
+required, no cache (pip --no-cache-dir, uv --no-cache), so the two start equally cold; pip
+runs --isolated from any pip.conf or PIP_* variable. The venvs are
 made before the clock starts and removed afterwards. Prints
 {"pip_s": .., "uv_s": .., "packages": .., "pip": "<version>", "uv": "<version>"}; exit 1
 when an install fails. Installed by the ml_stack role to /opt/dscluster/bin (stdlib only).
@@ -23,8 +24,8 @@ import time
 
 def pip_argv(venv: pathlib.Path, wheelhouse: pathlib.Path) -> list[str]:
     return [
-        str(venv / "bin" / "pip"), "install", "--disable-pip-version-check", "--quiet",
-        "--no-cache-dir", "--no-index", "--find-links", str(wheelhouse),
+        str(venv / "bin" / "pip"), "install", "--isolated", "--disable-pip-version-check",
+        "--quiet", "--no-cache-dir", "--no-index", "--find-links", str(wheelhouse),
         "--require-hashes", "--requirement", str(wheelhouse / "requirements.lock"),
     ]  # fmt: skip
 

@@ -153,16 +153,16 @@ def resolve(
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     if proc.returncode != 0:
+        reason = proc.stderr if proc.stderr.strip() else proc.stdout
         reason = " ".join(
             line.strip().removeprefix("cause:").strip()
-            for line in proc.stderr.splitlines()
+            for line in reason.splitlines()
             if line.strip() and not line.strip().startswith("error: No solution found")
         )
         raise LayerError(
             "the user requirements do not resolve against the base layer's pins "
             f"(torch=={pins.get('torch', '?')}, deepspeed=={pins.get('deepspeed', '?')}; "
-            f"nothing re-resolves torch): {reason or proc.stdout.strip()}; change the "
-            "requirement that uv names"
+            f"nothing re-resolves torch): {reason.rstrip('.')}; change the requirement uv names"
         )
     return parse_compiled(compiled.read_text())
 

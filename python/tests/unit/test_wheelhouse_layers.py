@@ -1,0 +1,290 @@
+"""The layered wheelhouse: the base layer's key (Ansible evaluating the role's vars with a
+build host's facts), and the user layer built for real by files/user_layer.py with uv and
+pip, offline, from small wheels made here (a stand-in base wheelhouse and a stand-in index)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from .. import rolefiles
+
+ROOT = rolefiles.REPO
+PLAYBOOK = pathlib.Path(__file__).parent / "playbooks" / "ml_stack_layers.yml"
+ANSIBLE = pathlib.Path(sys.executable).parent / "ansible-playbook"
+user_layer = rolefiles.load("ml_stack", "user_layer.py")
+record_versions = rolefiles.load("ml_stack", "record_versions.py")
+install_bench = rolefiles.load("ml_stack", "install_bench.py")
+
+# The cache directory of the base wheelhouse built before the user layer existed (a CPU
+# cluster of AMD EPYC nodes, Python 3.11): with no user requirements it must stay valid.
+TODAYS_KEY = "cpu-torch2.13.0-ds0.19.8-cp311-x86_64-46cbd4d2"
+EPYC = {
+    "ml_stack_build_host": "localhost",
+    "ansible_python": {"version": {"major": 3, "minor": 11}},
+    "ansible_architecture": "x86_64",
+    "ansible_processor": ["0", "AuthenticAMD", "AMD EPYC"],
+    "ansible_local": {"accelerators": {"kind": "cpu", "count": 0}},
+    "dscluster_cache_dir": "/cache",
+}
+
+
+def layers(**extra) -> dict:
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+        ANSIBLE_STDOUT_CALLBACK="default",
+        ANSIBLE_NOCOLOR="1",
+    )
+    args = EPYC | {"ansible_python_interpreter": sys.executable} | extra
+    proc = subprocess.run(
+        [str(ANSIBLE), "-i", "localhost,", "-c", "local", str(PLAYBOOK), "-e", json.dumps(args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    out = proc.stdout + proc.stderr
+    for line in out.splitlines():
+        if "LAYERS " in line:
+            return json.loads(line.split("LAYERS ", 1)[1].rstrip('"').replace('\\"', '"'))
+    raise AssertionError(out)
+
+
+def test_base_key_without_user_requirements_is_the_key_of_before():
+    sel = layers()
+    assert sel["key"] == TODAYS_KEY
+    assert sel["wheelhouse"] == f"/cache/wheelhouse/{TODAYS_KEY}"
+    assert sel["user_layer"] is False and sel["user_key"] == ""
+    assert sel["uv_platform"] == "x86_64-manylinux_2_28"
+
+
+def test_user_requirements_change_the_user_key_only(tmp_path):
+    one = layers(ml_stack_extra_requirements=["transformers==4.57.1"])
+    two = layers(ml_stack_extra_requirements=["transformers==4.57.1", "accelerate==1.11.0"])
+    assert one["key"] == two["key"] == TODAYS_KEY
+    assert one["user_layer"] is True and one["user_key"].startswith("user-")
+    assert one["user_key"] != two["user_key"]
+    assert one["user_wheelhouse"] == (
+        f"/cache/wheelhouse-user/{TODAYS_KEY}/{one['user_key'].removeprefix('user-')}"
+    )
+    # Another base (another torch) is another user layer for the same requirements.
+    other = layers(
+        ml_stack_extra_requirements=["transformers==4.57.1"], ml_stack_torch_version="2.12.0"
+    )
+    assert other["key"] != TODAYS_KEY and other["user_key"] != one["user_key"]
+
+
+def test_requirements_file_content_keys_the_user_layer(tmp_path):
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("lightning==2.5.5\n")
+    b.write_text("lightning==2.5.5\n")
+    sel_a = layers(ml_stack_requirements_file=str(a))
+    sel_b = layers(ml_stack_requirements_file=str(b))
+    assert sel_a["key"] == TODAYS_KEY and sel_a["user_layer"] is True
+    assert sel_a["user_key"] == sel_b["user_key"]  # the content, not the path
+    b.write_text("lightning==2.5.4\n")
+    assert layers(ml_stack_requirements_file=str(b))["user_key"] != sel_a["user_key"]
+
+
+# ---- files/user_layer.py, offline, with uv and pip for real ----
+
+
+def make_wheel(directory: pathlib.Path, name: str, version: str, requires=()) -> pathlib.Path:
+    """A minimal valid py3-none-any wheel (metadata and one module)."""
+    dist = f"{name.replace('-', '_')}-{version}"
+    path = directory / f"{dist}-py3-none-any.whl"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {r}\n" for r in requires
+    )
+    files = {
+        f"{name.replace('-', '_')}/__init__.py": "",
+        f"{dist}.dist-info/METADATA": metadata,
+        f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    record = "".join(f"{f},,\n" for f in files) + f"{dist}.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as zf:
+        for f, text in files.items():
+            zf.writestr(f, text)
+        zf.writestr(f"{dist}.dist-info/RECORD", record)
+    return path
+
+
+def sha(path: pathlib.Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def stack(tmp_path):
+    """A base wheelhouse (torch 2.13.0+cpu, deepspeed, numpy) and an index of user wheels."""
+    base, index = tmp_path / "base", tmp_path / "index"
+    base.mkdir()
+    index.mkdir()
+    wheels = [
+        make_wheel(base, "torch", "2.13.0+cpu", ["numpy"]),
+        make_wheel(base, "deepspeed", "0.19.8", ["torch>=2.0", "numpy"]),
+        make_wheel(base, "numpy", "2.4.6"),
+    ]
+    lock = {"key": "cpu-test", "wheels": {w.name: {"sha256": sha(w)} for w in wheels}}
+    (base / "lock.json").write_text(json.dumps(lock))
+    make_wheel(index, "numpy", "2.4.6")
+    make_wheel(index, "numpy", "1.26.4")
+    make_wheel(index, "torch", "2.13.0")
+    make_wheel(index, "torch", "2.5.0")
+    make_wheel(index, "tokenizers", "0.22.2")
+    make_wheel(index, "transformers", "4.57.1", ["numpy>=1.17", "tokenizers>=0.22", "torch>=2.1"])
+    make_wheel(index, "oldvision", "0.20.0", ["torch==2.5.0"])
+    return tmp_path
+
+
+def run_layer(stack: pathlib.Path, *reqs: str, file: pathlib.Path | None = None):
+    out = stack / "out"
+    argv = [
+        "--base", str(stack / "base"), "--out", str(out), "--key", "user-test",
+        "--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_28",
+        "--platform", "manylinux_2_28_x86_64",
+        "--uv-arg=--no-index", f"--uv-arg=--find-links={stack / 'index'}",
+        "--pip-arg=--no-index", f"--pip-arg=--find-links={stack / 'index'}",
+        *[f"--requirement={r}" for r in reqs],
+    ]  # fmt: skip
+    if file:
+        argv += ["--requirements-file", str(file)]
+    # pip here reads only the arguments: no pip.conf or PIP_* of this machine.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    proc = subprocess.run(
+        [sys.executable, str(rolefiles.path("ml_stack", "files/user_layer.py")), *argv],
+        env=env | {"PIP_CONFIG_FILE": os.devnull},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    return proc, out
+
+
+def test_user_layer_holds_only_what_the_base_lacks_hash_locked(stack):
+    proc, out = run_layer(stack, "transformers==4.57.1")
+    assert proc.returncode == 0, proc.stderr
+    lock = json.loads((out / "lock.json").read_text())
+    assert lock["packages"] == {"tokenizers": "0.22.2", "transformers": "4.57.1"}
+    assert lock["base_key"] == "base" and lock["key"] == "user-test"
+    assert sorted(p.name for p in out.glob("*.whl")) == [
+        "tokenizers-0.22.2-py3-none-any.whl",
+        "transformers-4.57.1-py3-none-any.whl",
+    ]
+    lines = [ln for ln in (out / "requirements.lock").read_text().splitlines() if ln[:1] != "#"]
+    for line in lines:
+        pin, hashopt = line.split(" --hash=sha256:")
+        name, version = pin.split("==")
+        wheel = next(out.glob(f"{name}-{version}-*.whl"))
+        assert sha(wheel) == hashopt == lock["wheels"][wheel.name]["sha256"]
+    assert len(lines) == 2
+
+
+def test_a_requirement_against_a_base_pin_fails_naming_both(stack):
+    proc, out = run_layer(stack, "numpy<2")
+    assert proc.returncode == 1
+    assert (
+        "'numpy<2' (ml_stack_extra_requirements) conflicts with the base layer's pin" in proc.stderr
+    )
+    assert "numpy==2.4.6" in proc.stderr and not (out / "lock.json").exists()
+    # torch's public version accepts the base's local +cpu build: no conflict.
+    proc, _ = run_layer(stack, "torch==2.13.0", "transformers==4.57.1")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_dependency_that_needs_another_torch_fails_with_uvs_reason(stack):
+    proc, out = run_layer(stack, "oldvision==0.20.0")
+    assert proc.returncode == 1
+    assert "do not resolve against the base layer's pins (torch==2.13.0+cpu" in proc.stderr
+    assert "oldvision depend on torch==2.5.0 and torch==2.13.0+cpu" in proc.stderr
+    assert "you require oldvision==0.20.0" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (out / "lock.json").exists()
+
+
+def test_a_lock_file_is_taken_and_its_hashes_are_checked(stack):
+    wheel = next((stack / "index").glob("transformers-*.whl"))
+    good = stack / "good.txt"
+    good.write_text(
+        "# a user's own lock\ntransformers==4.57.1 \\\n"
+        f"    --hash=sha256:{sha(wheel)}\ntokenizers==0.22.2  # via transformers\n"
+    )
+    proc, out = run_layer(stack, file=good)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / "lock.json").read_text())["requirements"] == [
+        "transformers==4.57.1",
+        "tokenizers==0.22.2",
+    ]
+    bad = stack / "bad.txt"
+    bad.write_text(f"transformers==4.57.1 --hash=sha256:{'0' * 64}\n")
+    (out / "lock.json").unlink()
+    proc, _ = run_layer(stack, file=bad)
+    assert proc.returncode == 1
+    assert "does not match any --hash that ml_stack_requirements_file" in proc.stderr
+
+
+def test_pip_options_in_a_requirements_file_are_refused(stack):
+    opts = stack / "opts.txt"
+    opts.write_text("--index-url https://example.invalid/simple\ntransformers==4.57.1\n")
+    proc, _ = run_layer(stack, file=opts)
+    assert proc.returncode == 1
+    assert "'--index-url https://example.invalid/simple' is a pip option" in proc.stderr
+
+
+def test_requirements_file_parsing():
+    text = (
+        "a==1 \\\n  --hash=sha256:"
+        + "A" * 64
+        + "  # note\n\n# only a comment\nb[x]>=2 ; python_version>'3'\n"
+    )
+    lines = user_layer.logical_lines(text)
+    assert len(lines) == 2
+    req, hashes = user_layer.parse_line(lines[0], "f")
+    assert str(req) == "a==1" and hashes == {"a" * 64}
+    req, hashes = user_layer.parse_line(lines[1], "f")
+    assert req.name == "b" and req.extras == {"x"} and not hashes
+
+
+# ---- the nodes' side: what record_versions.py reports about the layers ----
+
+
+def test_record_versions_reports_base_drift_and_the_user_layer(tmp_path):
+    import pytest as installed  # noqa: PLC0415 - a distribution this venv surely has
+
+    lock = tmp_path / "requirements.lock"
+    lock.write_text(
+        f"# header\npytest=={installed.__version__} --hash=sha256:{'1' * 64}\n"
+        f"not-installed-dist==1.0 --hash=sha256:{'2' * 64}\n"
+    )
+    assert record_versions.drift(record_versions.locked_pins(lock)) == {"not-installed-dist": ""}
+    assert record_versions.user_layer(None)["key"] == ""
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "requirements.lock").write_text("pytest==0.0.1 --hash=sha256:x\n")
+    (user / "lock.json").write_text(json.dumps({"key": "user-1", "packages": {"pytest": "0.0.1"}}))
+    layer = record_versions.user_layer(user)
+    assert layer["key"] == "user-1" and layer["drift"] == {"pytest": installed.__version__}
+    assert layer["lock_sha256"] == sha(user / "requirements.lock")
+
+
+def test_install_bench_times_pip_and_uv_on_a_wheelhouse(stack):
+    base = stack / "base"
+    (base / "requirements.lock").write_text(
+        "".join(
+            f"{w.name.split('-')[0]}=={w.name.split('-')[1]} --hash=sha256:{sha(w)}\n"
+            for w in sorted(base.glob("*.whl"))
+        )
+    )
+    uv = str(pathlib.Path(sys.executable).parent / "uv")
+    result = install_bench.bench(base, uv, sys.executable)
+    assert result["packages"] == 3
+    assert result["pip_s"] > 0 and result["uv_s"] > 0 and result["uv"]
