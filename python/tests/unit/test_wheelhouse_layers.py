@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -98,15 +99,18 @@ def test_requirements_file_content_keys_the_user_layer(tmp_path):
 # ---- files/user_layer.py, offline, with uv and pip for real ----
 
 
-def make_wheel(directory: pathlib.Path, name: str, version: str, requires=()) -> pathlib.Path:
-    """A minimal valid py3-none-any wheel (metadata and one module)."""
+def make_wheel(
+    directory: pathlib.Path, name: str, version: str, requires=(), modules=None
+) -> pathlib.Path:
+    """A minimal valid py3-none-any wheel (metadata and one module, or `modules`)."""
     dist = f"{name.replace('-', '_')}-{version}"
     path = directory / f"{dist}-py3-none-any.whl"
     metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
         f"Requires-Dist: {r}\n" for r in requires
     )
+    files = modules or {f"{name.replace('-', '_')}/__init__.py": ""}
     files = {
-        f"{name.replace('-', '_')}/__init__.py": "",
+        **files,
         f"{dist}.dist-info/METADATA": metadata,
         f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
         "Tag: py3-none-any\n",
@@ -130,12 +134,15 @@ def stack(tmp_path):
     base.mkdir()
     index.mkdir()
     wheels = [
-        make_wheel(base, "torch", "2.13.0+cpu", ["numpy"]),
-        make_wheel(base, "deepspeed", "0.19.8", ["torch>=2.0", "numpy"]),
+        make_wheel(base, "torch", "2.13.0+cpu", ["numpy"], TORCH),
+        make_wheel(base, "deepspeed", "0.19.8", ["torch>=2.0", "numpy"], DEEPSPEED),
         make_wheel(base, "numpy", "2.4.6"),
     ]
     lock = {"key": "cpu-test", "wheels": {w.name: {"sha256": sha(w)} for w in wheels}}
     (base / "lock.json").write_text(json.dumps(lock))
+    (base / "requirements.lock").write_text(
+        "".join(f"{pin(w)} --hash=sha256:{sha(w)}\n" for w in sorted(wheels))
+    )
     make_wheel(index, "numpy", "2.4.6")
     make_wheel(index, "numpy", "1.26.4")
     make_wheel(index, "torch", "2.13.0")
@@ -143,7 +150,21 @@ def stack(tmp_path):
     make_wheel(index, "tokenizers", "0.22.2")
     make_wheel(index, "transformers", "4.57.1", ["numpy>=1.17", "tokenizers>=0.22", "torch>=2.1"])
     make_wheel(index, "oldvision", "0.20.0", ["torch==2.5.0"])
+    make_wheel(index, "extra-tool", "1.0")
     return tmp_path
+
+
+# What record_versions.py imports of torch and DeepSpeed, in the stand-in base wheels.
+TORCH = {"torch/__init__.py": "__version__ = '2.13.0+cpu'\n\nclass version:\n    cuda = None\n"}
+DEEPSPEED = {
+    "deepspeed/__init__.py": "__version__ = '0.19.8'\n",
+    "deepspeed/git_version_info.py": "installed_ops = {'cpu_adam': True}\n",
+}
+
+
+def pin(wheel: pathlib.Path) -> str:
+    name, version = wheel.name.split("-")[:2]
+    return f"{name.replace('_', '-')}=={version}"
 
 
 def run_layer(stack: pathlib.Path, *reqs: str, file: pathlib.Path | None = None):
@@ -276,15 +297,103 @@ def test_record_versions_reports_base_drift_and_the_user_layer(tmp_path):
     assert layer["lock_sha256"] == sha(user / "requirements.lock")
 
 
+UV = str(pathlib.Path(sys.executable).parent / "uv")
+
+
 def test_install_bench_times_pip_and_uv_on_a_wheelhouse(stack):
-    base = stack / "base"
-    (base / "requirements.lock").write_text(
-        "".join(
-            f"{w.name.split('-')[0]}=={w.name.split('-')[1]} --hash=sha256:{sha(w)}\n"
-            for w in sorted(base.glob("*.whl"))
-        )
-    )
-    uv = str(pathlib.Path(sys.executable).parent / "uv")
-    result = install_bench.bench(base, uv, sys.executable)
+    result = install_bench.bench(stack / "base", UV, sys.executable)
     assert result["packages"] == 3
     assert result["pip_s"] > 0 and result["uv_s"] > 0 and result["uv"]
+
+
+# ---- the role's user-layer tasks, controller and node side, on a venv here ----
+
+INSTALL = pathlib.Path(__file__).parent / "playbooks" / "ml_stack_user_install.yml"
+
+
+def converge_user_layer(stack: pathlib.Path, reqs: list[str]) -> dict:
+    index = stack / "index"
+    args = EPYC | {
+        "ansible_python_interpreter": sys.executable,
+        "dscluster_cache_dir": str(stack / "cache"),
+        "ml_stack_controller_wheelhouse": str(stack / "wheelhouse"),
+        "ml_stack_venv": str(stack / "venv"),
+        "ml_stack_node_wheelhouse": str(stack / "node"),
+        "ml_stack_tools_venv": str(pathlib.Path(sys.executable).parent.parent),
+        "ml_stack_uv_compile_args": ["--no-index", f"--find-links={index}"],
+        "ml_stack_pip_download_args": ["--no-index", f"--find-links={index}"],
+        "ml_stack_extra_requirements": reqs,
+    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")} | {
+        "PIP_CONFIG_FILE": os.devnull,
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "ANSIBLE_STDOUT_CALLBACK": "default",
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    proc = subprocess.run(
+        [str(ANSIBLE), "-i", "localhost,", "-c", "local", str(INSTALL), "-e", json.dumps(args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    line = next(ln for ln in out.splitlines() if "RECORD " in ln)
+    return json.loads(line.split("RECORD ", 1)[1].rstrip('"').replace('\\"', '"'))
+
+
+def installed(stack: pathlib.Path) -> dict[str, str]:
+    out = subprocess.run(
+        [UV, "pip", "freeze", "--python", str(stack / "venv" / "bin" / "python")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return dict(line.split("==", 1) for line in out.splitlines() if "==" in line)
+
+
+def test_user_layer_tasks_add_change_and_remove_without_touching_the_base(stack):
+    # The base layer as the role leaves it: its wheelhouse in the controller cache under
+    # the key of these facts, on the node, and installed with uv into the venv.
+    shutil.copytree(stack / "base", stack / "wheelhouse" / TODAYS_KEY)
+    shutil.copytree(stack / "base", stack / "node")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(stack / "venv")], check=True)
+    subprocess.run(
+        [UV, "pip", "install", "--quiet", "--python", str(stack / "venv" / "bin" / "python"),
+         "--no-index", "--find-links", str(stack / "node"), "--require-hashes",
+         "--requirement", str(stack / "node" / "requirements.lock")],
+        check=True,
+    )  # fmt: skip
+    base = installed(stack)
+    assert base == {"deepspeed": "0.19.8", "numpy": "2.4.6", "torch": "2.13.0+cpu"}
+
+    rec = converge_user_layer(stack, ["transformers==4.57.1", "extra-tool==1.0"])
+    assert installed(stack) == base | {
+        "transformers": "4.57.1",
+        "tokenizers": "0.22.2",
+        "extra-tool": "1.0",
+    }
+    assert rec["user_layer"]["packages"] == {
+        "extra-tool": "1.0",
+        "tokenizers": "0.22.2",
+        "transformers": "4.57.1",
+    }
+    assert rec["user_layer_key"].startswith("user-") and rec["base_drift"] == {}
+    assert rec["torch"] == "2.13.0+cpu" and rec["deepspeed"] == "0.19.8"
+
+    # One requirement removed: its distribution leaves the venv, the rest stays.
+    rec = converge_user_layer(stack, ["transformers==4.57.1"])
+    assert installed(stack) == base | {"transformers": "4.57.1", "tokenizers": "0.22.2"}
+    assert sorted(p.name for p in (stack / "node" / "user").glob("*.whl")) == [
+        "tokenizers-0.22.2-py3-none-any.whl",
+        "transformers-4.57.1-py3-none-any.whl",
+    ]
+
+    # None left: no user layer, the venv is the base again.
+    rec = converge_user_layer(stack, [])
+    assert installed(stack) == base
+    assert rec["user_layer_key"] == "" and rec["base_drift"] == {}
+    assert not (stack / "node" / "user").exists()
+    assert not (stack / "venv" / "dscluster-user-lock.json").exists()
