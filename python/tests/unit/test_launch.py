@@ -25,6 +25,7 @@ from dscluster.launch import (
     accelerate,
     build_plan,
     lost_nodes,
+    modes,
     parse_node_specs,
     render_mpi_hostfile,
     select_resources,
@@ -625,3 +626,27 @@ def test_gaudi_spawn_argv_hostfile_and_hccl_env():
         )
     with pytest.raises(DsclusterError, match="use --launcher torchrun or mpi"):
         plan("gaudi_spawn", gaudi_spawn="g.py", program=["train.py", "a;b"])
+
+
+def test_mode_options_become_plan_keywords_and_staged_files(tmp_path):
+    config = tmp_path / "acc.json"
+    config.write_text('{"distributed_type": "MULTI_GPU"}')
+    kw, stage = modes.plan_options("accelerate", accelerate_config=config)
+    assert kw == {
+        "accelerate_config_kind": "ddp",
+        "accelerate_config": config.read_text(),
+        "accelerate_config_name": "accelerate_config.json",
+    }
+    assert stage == {}
+    local = tmp_path / "gaudi_spawn_local.py"
+    local.write_text("# optimum-habana's\n")
+    kw, stage = modes.plan_options("gaudi_spawn", gaudi_spawn=str(local))
+    assert (kw, stage) == ({"gaudi_spawn": "gaudi_spawn.py"}, {"gaudi_spawn.py": local})
+    kw, stage = modes.plan_options("gaudi_spawn", gaudi_spawn="/opt/oh/examples/gaudi_spawn.py")
+    assert (kw, stage) == ({"gaudi_spawn": "/opt/oh/examples/gaudi_spawn.py"}, {})
+    assert modes.plan_options("torchrun") == ({}, {})
+    # an absolute path not here is checked on the head before anything starts
+    g = plan("gaudi_spawn", gaudi_spawn="/opt/oh/g.py", accelerators=dict.fromkeys(POOL, "hpu"))
+    script = g.files["launch.sh"][0]
+    assert "[ -f /opt/oh/g.py ] || { printf 'dscluster: --gaudi-spawn %s is not a file" in script
+    assert script.index("[ -f /opt/oh/g.py ]") < script.index("exec ")

@@ -284,6 +284,7 @@ def render_launch_script(
     *,
     hosts: Sequence[str] = (),
     grace: float = LOST_NODE_GRACE,
+    checks: Sequence[str] = (),
 ) -> str:
     """What launch.yml runs on the head, in the job directory, as the training user.
 
@@ -300,6 +301,7 @@ def render_launch_script(
         f"export PDSH_SSH_ARGS_APPEND={shlex.quote(SSH_LIVENESS_ARGS)}",
         'DSCLUSTER_LAUNCH_TIME="$(date +%s.%N)"',
     ]
+    lines += checks  # shell lines that refuse to start (exit 2) what cannot work here
     if launcher in ("deepspeed", "gaudi_spawn"):
         # The deepspeed launcher reads ./.deepspeed_env on the head and exports it to ranks.
         lines.append('echo "DSCLUSTER_LAUNCH_TIME=$DSCLUSTER_LAUNCH_TIME" >> .deepspeed_env')
@@ -648,8 +650,16 @@ def build_plan(  # noqa: PLR0913 - build_plan takes every input of a plan, each 
         argv = _gaudi_files(job, files, gaudi_spawn=gaudi_spawn, interface=interface)
     else:
         argv = _mpi_files(job, files, interface)
+    checks = []
+    if launcher == "gaudi_spawn" and gaudi_spawn.startswith("/"):
+        where = shlex.quote(gaudi_spawn)
+        checks.append(
+            f"[ -f {where} ] || {{ printf 'dscluster: --gaudi-spawn %s is not a file on %s; "
+            "give the path of examples/gaudi_spawn.py from optimum-habana there, or a local "
+            f'copy to stage\\n\' {where} "$(hostname)" >&2; exit 2; }}'
+        )
     files["launch.sh"] = (
-        render_launch_script(run_id, launcher, venv, argv, hosts=list(resources)),
+        render_launch_script(run_id, launcher, venv, argv, hosts=list(resources), checks=checks),
         "0755",
     )
     files["launch_watch.py"] = (watch_source(), "0644")
