@@ -16,7 +16,7 @@ from . import flags
 def register(sub) -> None:
     p = sub.add_parser(
         "launch",
-        help="run your script across the cluster (deepspeed, torchrun or mpi)",
+        help="run your script across the cluster (deepspeed, torchrun, mpi, accelerate, gaudi)",
         description="dscluster launch -i INV [options] -- script.py [args...]",
     )
     flags.inventory(p)
