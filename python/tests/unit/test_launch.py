@@ -534,7 +534,7 @@ def test_accelerate_one_agent_per_node_with_its_machine_rank():
             "train.py", "--lr", "0.1",
         ]  # fmt: skip
     config = yaml.safe_load(p.files["accelerate_config.yaml"][0])
-    assert config["distributed_type"] == "MULTI_GPU" and config["mixed_precision"] == "bf16"
+    assert config["distributed_type"] == "MULTI_GPU" and config["mixed_precision"] == "no"
     assert (config["num_machines"], config["num_processes"]) == (3, 6)
 
 
@@ -559,6 +559,11 @@ def test_accelerate_config_kinds_in_accelerates_format():
     )
     assert ds["distributed_type"] == "DEEPSPEED"
     assert ds["deepspeed_config"]["deepspeed_multinode_launcher"] == "standard"
+    cpu = dict.fromkeys(EVEN, "cpu")
+    ds_cpu = accel_plan(accelerate_config_kind="deepspeed", accelerators=cpu)
+    ds_cpu_config = yaml.safe_load(ds_cpu.files[accelerate.CONFIG_NAME][0])
+    assert ds_cpu_config["use_cpu"] is False  # ACCELERATE_USE_CPU would turn DeepSpeed off
+    assert all("--multi_gpu" not in a for a in node_lines(ds_cpu, "accelerate_node.sh").values())
     # every key is one of accelerate's ClusterConfig fields (config_args.py)
     known = {
         "compute_environment", "debug", "distributed_type", "downcast_bf16", "gpu_ids",

@@ -90,7 +90,8 @@ def render_config(kind: str, accelerator: str, *, num_machines: int, num_process
         "gpu_ids": "all",
         "machine_rank": 0,
         "main_training_function": "main",
-        "mixed_precision": "no" if cpu else "bf16",
+        # Precision is the training's choice (bf16 fails on GPUs without it): none here.
+        "mixed_precision": "no",
         "num_machines": num_machines,
         "num_processes": num_processes,
         "rdzv_backend": "static",
@@ -98,7 +99,8 @@ def render_config(kind: str, accelerator: str, *, num_machines: int, num_process
         "tpu_env": [],
         "tpu_use_cluster": False,
         "tpu_use_sudo": False,
-        "use_cpu": cpu,
+        # use_cpu would become ACCELERATE_USE_CPU on some paths, which turns DeepSpeed off.
+        "use_cpu": cpu and kind != "deepspeed",
     }
     if kind == "fsdp":
         config["fsdp_config"] = dict(FSDP_CONFIG)
