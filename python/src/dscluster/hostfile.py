@@ -462,6 +462,13 @@ def derive_launch_env(
     if kinds == {"cpu"}:
         threads = min(max(1, f.cpus // max(1, f.slots)) for f in facts)
         env["OMP_NUM_THREADS"] = str(threads)
+        # Nothing else on purpose. The ecosystems find the CPU by themselves once a launcher
+        # has set LOCAL_RANK: accelerate's PartialState picks MULTI_CPU with gloo, Lightning's
+        # accelerator="auto" picks CPU and its DDP gloo. ACCELERATE_USE_CPU=true would switch
+        # accelerate's DeepSpeed and FSDP plugins off (AcceleratorState enables DEEPSPEED only
+        # `and not cpu`), so HF Trainer + DeepSpeed ZeRO would train plain DDP, silently. The
+        # "three world-size-1 jobs" of accelerate on CPU came from `accelerate launch` with a
+        # MULTI_CPU config (one process per node, no ranks): launch/accelerate.py mends that.
     if extra:
         env.update(extra)
     return env, warnings

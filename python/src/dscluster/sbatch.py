@@ -8,7 +8,24 @@ assumes GPUs):
   with `dscluster smoke`; prefer torchrun or srun on nodes shared with other jobs);
 - `torchrun`: one `srun` task per node runs torchrun with c10d rendezvous on the first node;
 - `srun`: one Slurm task per slot; each exports RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/
-  MASTER_PORT from Slurm's own ids (MPI-style ranks) before exec'ing Python.
+  MASTER_PORT from Slurm's own ids (MPI-style ranks) before exec'ing Python;
+- `accelerate`: one `srun` task per node runs `accelerate launch` (seed 003's form): static
+  rendezvous on the first node, --machine_rank from SLURM_NODEID, --num_processes = nodes *
+  slots; the config (the user's --accelerate-config, or one generated of
+  --accelerate-config-kind: GPUs when --gres names them, else CPU) travels in the environment
+  and each node writes it to its own ${TMPDIR:-/tmp} (launch/accelerate.py says why MULTI_CPU
+  configs get --multi_gpu).
+
+What a rank finds, for Lightning (TorchElasticEnvironment when TORCHELASTIC_RUN_ID is set,
+else SLURMEnvironment when SLURM_NTASKS is, else LightningEnvironment: NODE_RANK/GROUP_RANK):
+- torchrun, accelerate: torchrun's variables (TORCHELASTIC_RUN_ID, RANK, GROUP_RANK, ...);
+- srun: SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID/SLURM_NODEID/SLURM_NTASKS_PER_NODE, so
+  Lightning's SLURMEnvironment takes over (its ranks equal RANK/WORLD_SIZE/LOCAL_RANK here;
+  give the Trainer devices=<slots> and num_nodes=<nodes>: it checks ntasks-per-node);
+- deepspeed: DeepSpeed's RANK/LOCAL_RANK/WORLD_SIZE/CROSS_RANK/LOCAL_SIZE and, from the
+  ds_rank wrapper written into the job directory (which every node must see, as it must the
+  script), NODE_RANK/GROUP_RANK/LOCAL_WORLD_SIZE, with Slurm's task ids dropped (the ranks
+  are not Slurm tasks; a one-node job runs them in the batch step's environment).
 
 `render_sbatch` is pure; `write_sbatch` writes the script atomically.
 """
@@ -24,11 +41,12 @@ from collections.abc import Mapping
 from .errors import DsclusterError
 from .hostfile import SYSTEM_PATH, check_env_value, parse_env_file, render_env
 from .inventory import DEFAULT_MASTER_PORT, master_port_var, plain_var
-from .launch.render import check_deepspeed_args
+from .launch import accelerate
+from .launch.render import check_deepspeed_args, render_deepspeed_rank_wrapper
 from .util import atomic_write
 from .validate import read_text
 
-MODES = ("deepspeed", "torchrun", "srun")
+MODES = ("deepspeed", "torchrun", "srun", "accelerate")
 DEFAULT_VENV = "/opt/dscluster/venv"
 # Slurm's --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or unlimited.
 TIME_RE = re.compile(
@@ -55,6 +73,9 @@ class SbatchOptions:
     master_port: int | None = None  # None: DEFAULT_MASTER_PORT
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # from .deepspeed_env
     origin: str = "dscluster sbatch"  # the command line, for the header comment
+    accelerate_config: str = ""  # the user's accelerate config text ("": generated)
+    accelerate_config_name: str = accelerate.CONFIG_NAME  # .json for a JSON config
+    accelerate_config_kind: str = "ddp"
 
     @property
     def port(self) -> int:
@@ -103,11 +124,40 @@ def validate(opts: SbatchOptions) -> None:
             f"--chdir {opts.chdir} is not an absolute path; give the job's directory on the "
             "nodes, e.g. --chdir /shared/jobs/run1"
         )
+    for key, value in opts.env.items():
+        check_env_value(key, value)
+    _check_mode(opts)
+
+
+def _check_mode(opts: SbatchOptions) -> None:
     if opts.launcher == "deepspeed":
         # The deepspeed launcher hands the arguments to a remote shell (pdsh), as in launch.
         check_deepspeed_args(opts.command)
-    for key, value in opts.env.items():
-        check_env_value(key, value)
+    if opts.launcher == "accelerate":
+        accelerate_config(opts)
+
+
+# Ends the accelerate config's here-document in the batch script.
+CONFIG_END = "DSCLUSTER_ACCELERATE_CONFIG_END"
+
+
+def accelerate_config(opts: SbatchOptions) -> tuple[str, dict]:
+    """The config's text (the user's, else generated) and its parsed form, checked."""
+    if opts.accelerate_config:
+        text, name = opts.accelerate_config, opts.accelerate_config_name
+    else:
+        kind = "cuda" if opts.gres and "gpu" in opts.gres else "cpu"
+        name = accelerate.CONFIG_NAME
+        text = accelerate.render_config(
+            opts.accelerate_config_kind, kind, num_machines=opts.nodes or 1, num_processes=1
+        )
+    config = accelerate.parse_config(text, name)
+    if CONFIG_END in text.splitlines():
+        raise DsclusterError(
+            f"--accelerate-config has a line {CONFIG_END}, which ends the batch script's copy "
+            "of it; remove that line"
+        )
+    return text if text.endswith("\n") else text + "\n", config
 
 
 def launch_env(opts: SbatchOptions) -> dict[str, str]:
@@ -185,9 +235,14 @@ mv -f "$hostfile.tmp" "$hostfile"
 export DS_ENV_FILE="$job_dir/deepspeed_env.$SLURM_JOB_ID"
 cat >"$DS_ENV_FILE" <<'DSCLUSTER_ENV'
 @ENV_FILE@DSCLUSTER_ENV
+# Each rank runs through this wrapper (--no_python): Lightning's NODE_RANK and the rest.
+rank_wrapper="$job_dir/ds_rank.$SLURM_JOB_ID.sh"
+cat >"$rank_wrapper" <<'DSCLUSTER_RANK'
+@RANK_WRAPPER@DSCLUSTER_RANK
+chmod 0755 "$rank_wrapper"
 export PDSH_RCMD_TYPE=ssh
 "$VENV/bin/deepspeed" --hostfile "$hostfile" --launcher pdsh \
-  --master_addr "$head_node" --master_port "$PORT" \
+  --master_addr "$head_node" --master_port "$PORT" --no_python "$rank_wrapper" \
   @COMMAND@
 """
 
@@ -212,6 +267,46 @@ srun --nodes="$num_nodes" --ntasks="$(( num_nodes * slots ))" --ntasks-per-node=
   --cpus-per-task="$task_cpus" --kill-on-bad-exit=1 "${srun_extra[@]}" \
   bash -c "$RANK_ENV"' exec "$@"' dscluster-rank "$VENV/bin/python" -u @COMMAND@
 """
+
+
+_ACCELERATE = r"""
+# One `accelerate launch` per node (an srun task each): static rendezvous on the first node,
+# machine rank = the node's Slurm id. Each node writes the config to its own temporary file.
+DSCLUSTER_ACCELERATE_CONFIG=$(cat <<'DSCLUSTER_ACCELERATE_CONFIG_END'
+@CONFIG@DSCLUSTER_ACCELERATE_CONFIG_END
+)
+export DSCLUSTER_ACCELERATE_CONFIG
+num_processes=$(( num_nodes * slots ))
+accelerate_extra=()
+# MULTI_CPU alone starts one process per node: --multi_gpu starts every rank (torch's run).
+if [[ -n "@MULTI_CPU@" ]] && (( num_processes > 1 )); then accelerate_extra+=(--multi_gpu); fi
+NODE_CMD='cfg="${TMPDIR:-/tmp}/dscluster-accelerate.$SLURM_JOB_ID@SUFFIX@"
+printf "%s
+" "$DSCLUSTER_ACCELERATE_CONFIG" >"$cfg"
+exec "$0" launch --config_file "$cfg" --machine_rank "$SLURM_NODEID" "$@"'
+srun --nodes="$num_nodes" --ntasks="$num_nodes" --ntasks-per-node=1 \
+  --cpus-per-task="$node_cpus" --kill-on-bad-exit=1 \
+  bash -c "$NODE_CMD" "$VENV/bin/accelerate" \
+  --main_process_ip "$head_node" --main_process_port "$PORT" \
+  --num_machines "$num_nodes" --num_processes "$num_processes" \
+  --rdzv_backend static --same_network --max_restarts 0 "${accelerate_extra[@]}" \
+  @COMMAND@
+"""
+
+
+def _fill(opts: SbatchOptions, env_file: str) -> dict[str, str]:
+    """What the mode's body template gets."""
+    fill = {
+        "@ENV_FILE@": env_file,
+        "@COMMAND@": " ".join(shlex.quote(a) for a in opts.command),
+        "@RANK_WRAPPER@": render_deepspeed_rank_wrapper(shlex.quote(f"{opts.venv}/bin/python")),
+    }
+    if opts.launcher == "accelerate":
+        text, config = accelerate_config(opts)
+        fill["@CONFIG@"] = text
+        fill["@MULTI_CPU@"] = "1" if accelerate.extra_args(config, 2) else ""
+        fill["@SUFFIX@"] = pathlib.PurePath(opts.accelerate_config_name).suffix or ".yaml"
+    return fill
 
 
 def render_sbatch(opts: SbatchOptions) -> str:
@@ -240,10 +335,10 @@ def render_sbatch(opts: SbatchOptions) -> str:
             lines.append(f'export PATH={q(value)}:"$PATH"')
         else:
             lines.append(f"export {key}={q(value)}")
-    command = " ".join(q(a) for a in opts.command)
-    body = {"deepspeed": _DEEPSPEED, "torchrun": _TORCHRUN, "srun": _SRUN}[opts.launcher]
-    fill = {"@ENV_FILE@": env_file, "@COMMAND@": command}
-    body = re.sub("@ENV_FILE@|@COMMAND@", lambda m: fill[m.group(0)], body)
+    modes = {"deepspeed": _DEEPSPEED, "torchrun": _TORCHRUN, "srun": _SRUN}
+    body = (modes | {"accelerate": _ACCELERATE})[opts.launcher]
+    fill = _fill(opts, env_file)
+    body = re.sub("|".join(fill), lambda m: fill[m.group(0)], body)
     return "\n".join(lines) + "\n" + _PRELUDE + body
 
 

@@ -1,5 +1,5 @@
-"""Recording shims of scontrol / srun / pdsh, a venv with recording torchrun / deepspeed,
-and helpers that write and submit a batch script against them."""
+"""Recording shims of scontrol / srun / pdsh, a venv with recording torchrun / deepspeed /
+accelerate, and helpers that write and submit a batch script against them."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ for local in range(nproc):
 
 # deepspeed: reads the hostfile and DS_ENV_FILE exactly as DeepSpeed's runner does, records.
 DEEPSPEED = """\
-import json, os, re, sys
+import json, os, re, subprocess, sys
 argv = sys.argv[1:]
 hostfile = argv[argv.index("--hostfile") + 1]
 pool = {}
@@ -94,13 +94,52 @@ record = {"argv": argv, "cwd": os.getcwd(), "pool": pool, "exports": exports,
           "PATH": os.environ["PATH"], "MASTER_ADDR": os.environ.get("MASTER_ADDR")}
 with open(os.environ["SHIM_LOG"] + "/deepspeed.json", "w") as fh:
     json.dump(record, fh)
+# As DeepSpeed's launch.py under --no_python: every rank runs the wrapper with its variables,
+# --local_rank=N right after it (the batch step's own environment stands in for the node's).
+if "--no_python" in argv:
+    i = argv.index("--no_python")
+    wrapper, program = argv[i + 1], argv[i + 2:]
+    world, first = sum(pool.values()), 0
+    for node_rank, slots in enumerate(pool.values()):
+        for local in range(slots):
+            env = dict(os.environ, **exports, RANK=str(first + local), LOCAL_RANK=str(local),
+                       WORLD_SIZE=str(world), CROSS_RANK=str(node_rank),
+                       CROSS_SIZE=str(len(pool)), LOCAL_SIZE=str(slots))
+            subprocess.run([wrapper, f"--local_rank={local}", *program], env=env, check=True)
+        first += slots
+"""
+
+# accelerate: records its arguments and the config its node wrote, then starts
+# num_processes / num_machines ranks with torch.distributed.run's variables.
+ACCELERATE = """\
+import json, os, subprocess, sys
+argv = sys.argv[1:]
+assert argv.pop(0) == "launch", argv
+opts, flags = {}, []
+while argv and argv[0].startswith("--"):
+    key = argv.pop(0)[2:]
+    if key in ("same_network", "multi_gpu"):
+        flags.append(key)
+    else:
+        opts[key] = argv.pop(0)
+record = {"opts": opts, "flags": flags, "node": os.environ["SLURMD_NODENAME"],
+          "config": open(opts["config_file"]).read()}
+with open(os.environ["SHIM_LOG"] + "/accelerate.jsonl", "a") as fh:
+    fh.write(json.dumps(record) + "\\n")
+nodes, total = int(opts["num_machines"]), int(opts["num_processes"])
+nproc, node = total // nodes, int(opts["machine_rank"])
+for local in range(nproc):
+    env = dict(os.environ, RANK=str(node * nproc + local), LOCAL_RANK=str(local),
+               WORLD_SIZE=str(total), GROUP_RANK=str(node), LOCAL_WORLD_SIZE=str(nproc),
+               MASTER_ADDR=opts["main_process_ip"], MASTER_PORT=opts["main_process_port"])
+    subprocess.run([sys.executable, "-u", *argv], env=env, check=True)
 """
 
 JOB = """\
 import json, os, sys
 out = sys.argv[sys.argv.index("--out") + 1]
 keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-        "FROM_INVENTORY", "PYTHONUNBUFFERED")
+        "FROM_INVENTORY", "PYTHONUNBUFFERED", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID")
 record = {k: os.environ.get(k) for k in keys}
 record["argv"] = sys.argv[1:]
 record["path0"] = os.environ["PATH"].split(":")[0]
@@ -133,6 +172,7 @@ def make_venv(tmp_path: pathlib.Path) -> pathlib.Path:
     (venv / "bin" / "python").symlink_to(sys.executable)
     _script(venv / "bin" / "torchrun", TORCHRUN)
     _script(venv / "bin" / "deepspeed", DEEPSPEED)
+    _script(venv / "bin" / "accelerate", ACCELERATE)
     return venv
 
 

@@ -13,6 +13,7 @@ import time
 import uuid
 
 import pytest
+import yaml
 
 from dscluster import cli
 from dscluster.cli import flags
@@ -21,8 +22,10 @@ from dscluster.hostfile import render_hostfile
 from dscluster.jobs import launch_watch
 from dscluster.launch import (
     LAUNCH_TIME,
+    accelerate,
     build_plan,
     lost_nodes,
+    modes,
     parse_node_specs,
     render_mpi_hostfile,
     select_resources,
@@ -109,7 +112,7 @@ def test_deepspeed_passes_filters_verbatim():
     assert p.argv == [
         "/opt/v/bin/deepspeed", "--hostfile", "hostfile", "--launcher", "pdsh",
         "--master_addr", "h1", "--master_port", "29500",
-        "--include", "h1:0,1@h3", "train.py", "--lr", "0.1",
+        "--include", "h1:0,1@h3", "--no_python", "./ds_rank.sh", "train.py", "--lr", "0.1",
     ]  # fmt: skip
     assert p.world_size == 3
     assert p.files["hostfile"][0] == "h1 slots=4\nh2 slots=2\nh3 slots=1\n"
@@ -438,3 +441,217 @@ def test_lost_line(line, found):
 
 def test_reap_command_quotes_the_marker():
     assert "grep -qsxzF 'K=it'\\''s'" in launch_watch.reap_command("K=it's")
+
+
+# --- issue 15: the ecosystems' launch modes ----------------------------------------------------
+
+
+def run_wrapper(tmp_path, text: str, python: str, env: dict) -> dict[str, str]:
+    """Run a rank wrapper with /bin/sh, `env` standing in for python: the env it execs."""
+    wrapper = tmp_path / "w.sh"
+    wrapper.write_text(text.replace(f"{python} -u", "env"))
+    proc = subprocess.run(
+        ["sh", str(wrapper)], env={"PATH": "/usr/bin:/bin", **env}, capture_output=True,
+        text=True, check=True,
+    )  # fmt: skip
+    return dict(line.split("=", 1) for line in proc.stdout.splitlines())
+
+
+def test_deepspeed_rank_wrapper_gives_lightning_the_node_rank(tmp_path):
+    p = plan("deepspeed")
+    text, mode = p.files["ds_rank.sh"]
+    assert mode == "0755" and 'exec /opt/v/bin/python -u "$@"' in text
+    # as DeepSpeed's launch.py sets them for rank 5 (node 2 of 3, 2 ranks there), in Slurm
+    got = run_wrapper(
+        tmp_path, text, "/opt/v/bin/python",
+        {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "7", "CROSS_RANK": "2",
+         "CROSS_SIZE": "3", "LOCAL_SIZE": "2", "SLURM_NTASKS": "1", "SLURM_PROCID": "0"},
+    )  # fmt: skip
+    assert (got["NODE_RANK"], got["GROUP_RANK"], got["LOCAL_WORLD_SIZE"]) == ("2", "2", "2")
+    assert (got["RANK"], got["LOCAL_RANK"], got["WORLD_SIZE"]) == ("5", "1", "7")
+    assert "SLURM_NTASKS" not in got and "SLURM_PROCID" not in got
+    # launch.py runs `ds_rank.sh --local_rank=1 train.py --lr 0.1`: python gets the script first
+    wrapper = tmp_path / "args.sh"
+    wrapper.write_text(text.replace("/opt/v/bin/python -u", "printf '%s\\n'"))
+    proc = subprocess.run(
+        ["sh", str(wrapper), "--local_rank=1", "train.py", "--name", "a b"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert proc.stdout.splitlines() == ["train.py", "--local_rank=1", "--name", "a b"]
+    proc = subprocess.run(
+        ["sh", str(wrapper), "train.py", "--x"], capture_output=True, text=True, check=True
+    )
+    assert proc.stdout.splitlines() == ["train.py", "--x"]  # --no_local_rank: as given
+
+
+@pytest.mark.parametrize(("rank", "node"), [("0", "0"), ("3", "0"), ("4", "1"), ("6", "2")])
+def test_mpi_rank_wrapper_names_each_ranks_node(tmp_path, rank, node):
+    text = plan("mpi").files["mpi_rank.sh"][0]  # slots 4, 2, 1 in hostfile order
+    got = run_wrapper(
+        tmp_path, text, "/opt/v/bin/python",
+        {"OMPI_COMM_WORLD_RANK": rank, "OMPI_COMM_WORLD_SIZE": "7",
+         "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"},
+    )  # fmt: skip
+    assert (got["NODE_RANK"], got["GROUP_RANK"]) == (node, node)
+
+
+EVEN = {"h1": 2, "h2": 2, "h3": 2}
+
+
+def accel_plan(**kw):
+    args = {"pool": EVEN, "hostfile_text": render_hostfile(EVEN.items())}
+    args.update(kw)
+    return plan("accelerate", **args)
+
+
+def node_lines(p, name: str) -> dict[str, list[str]]:
+    """host -> the words its case branch execs in the node script."""
+    out = {}
+    for line in p.files[name][0].splitlines():
+        if ") " in line and "exec " in line:
+            host, rest = line.strip().split(") ", 1)
+            out[host] = shlex.split(rest.split("exec ", 1)[1].removesuffix(" ;;"))
+    return out
+
+
+def test_accelerate_one_agent_per_node_with_its_machine_rank():
+    p = accel_plan(master_port=29511)
+    assert p.argv[:6] == ["pdsh", "-S", "-f", "1024", "-w", "h1,h2,h3"]
+    assert p.argv[7] == "/shared/dscluster/jobs/launch-1/accelerate_node.sh"
+    nodes = node_lines(p, "accelerate_node.sh")
+    for rank, host in enumerate(["h1", "h2", "h3"]):
+        argv = nodes[host]
+        assert argv[:4] == [
+            "/opt/v/bin/accelerate",
+            "launch",
+            "--config_file",
+            "accelerate_config.yaml",
+        ]
+        assert argv[4:] == [
+            "--machine_rank", str(rank), "--main_process_ip", "h1",
+            "--main_process_port", "29511", "--num_machines", "3", "--num_processes", "6",
+            "--rdzv_backend", "static", "--same_network", "--max_restarts", "0",
+            "train.py", "--lr", "0.1",
+        ]  # fmt: skip
+    config = yaml.safe_load(p.files["accelerate_config.yaml"][0])
+    assert config["distributed_type"] == "MULTI_GPU" and config["mixed_precision"] == "no"
+    assert (config["num_machines"], config["num_processes"]) == (3, 6)
+
+
+def test_accelerate_on_cpu_starts_every_rank_not_one_per_node():
+    p = accel_plan(accelerators=dict.fromkeys(EVEN, "cpu"))
+    config = yaml.safe_load(p.files["accelerate_config.yaml"][0])
+    assert config["distributed_type"] == "MULTI_CPU" and config["use_cpu"] is True
+    # MULTI_CPU alone runs one process per node with no ranks: --multi_gpu runs them all
+    assert all("--multi_gpu" in argv for argv in node_lines(p, "accelerate_node.sh").values())
+    with pytest.raises(DsclusterError, match="FSDP only on GPU-like devices"):
+        accel_plan(accelerators=dict.fromkeys(EVEN, "cpu"), accelerate_config_kind="fsdp")
+
+
+def test_accelerate_config_kinds_in_accelerates_format():
+    fsdp = yaml.safe_load(
+        accel_plan(accelerate_config_kind="fsdp").files[accelerate.CONFIG_NAME][0]
+    )
+    assert fsdp["distributed_type"] == "FSDP"
+    assert fsdp["fsdp_config"]["fsdp_sharding_strategy"] == "FULL_SHARD"
+    ds = yaml.safe_load(
+        accel_plan(accelerate_config_kind="deepspeed").files[accelerate.CONFIG_NAME][0]
+    )
+    assert ds["distributed_type"] == "DEEPSPEED"
+    assert ds["deepspeed_config"]["deepspeed_multinode_launcher"] == "standard"
+    cpu = dict.fromkeys(EVEN, "cpu")
+    ds_cpu = accel_plan(accelerate_config_kind="deepspeed", accelerators=cpu)
+    ds_cpu_config = yaml.safe_load(ds_cpu.files[accelerate.CONFIG_NAME][0])
+    assert ds_cpu_config["use_cpu"] is False  # ACCELERATE_USE_CPU would turn DeepSpeed off
+    assert all("--multi_gpu" not in a for a in node_lines(ds_cpu, "accelerate_node.sh").values())
+    # every key is one of accelerate's ClusterConfig fields (config_args.py)
+    known = {
+        "compute_environment", "debug", "distributed_type", "downcast_bf16", "gpu_ids",
+        "machine_rank", "main_training_function", "mixed_precision", "num_machines",
+        "num_processes", "rdzv_backend", "same_network", "tpu_env", "tpu_use_cluster",
+        "tpu_use_sudo", "use_cpu", "fsdp_config", "deepspeed_config",
+    }  # fmt: skip
+    assert set(fsdp) <= known and set(ds) <= known
+
+
+def test_accelerate_users_config_is_staged_and_checked():
+    text = "distributed_type: MULTI_CPU\nnum_processes: 1\n"
+    p = accel_plan(accelerate_config=text, accelerate_config_name="accelerate_config.yaml")
+    assert p.files["accelerate_config.yaml"][0] == text
+    assert all("--multi_gpu" in a for a in node_lines(p, "accelerate_node.sh").values())
+    j = accel_plan(accelerate_config='{"distributed_type": "MULTI_GPU"}',
+                   accelerate_config_name="accelerate_config.json")  # fmt: skip
+    assert "accelerate_config.json" in j.files
+    assert all("--multi_gpu" not in a for a in node_lines(j, "accelerate_node.sh").values())
+    with pytest.raises(DsclusterError, match="has no distributed_type"):
+        accel_plan(accelerate_config="a: 1\n", accelerate_config_name="accelerate_config.yaml")
+    with pytest.raises(DsclusterError, match="not valid YAML"):
+        accel_plan(accelerate_config="a: [\n", accelerate_config_name="accelerate_config.yaml")
+
+
+def test_accelerate_pins_slots_and_refuses_uneven_nodes():
+    p = accel_plan(include="h1:1@h2:0")
+    text = p.files["accelerate_node.sh"][0]
+    assert "h1) export CUDA_VISIBLE_DEVICES=1; exec" in text
+    with pytest.raises(DsclusterError, match="same number of ranks on every node"):
+        plan("accelerate")  # POOL: 4, 2, 1 slots
+
+
+def test_launch_watch_wraps_the_new_modes_too():
+    p = accel_plan()
+    assert p.files["launch.sh"][0].rstrip().endswith(" -- " + p.command)
+    g = plan("gaudi_spawn", gaudi_spawn="gaudi_spawn.py", accelerators=dict.fromkeys(POOL, "hpu"))
+    assert (
+        'echo "DSCLUSTER_LAUNCH_TIME=$DSCLUSTER_LAUNCH_TIME" >> .deepspeed_env'
+        in (g.files["launch.sh"][0])
+    )
+
+
+def test_gaudi_spawn_argv_hostfile_and_hccl_env():
+    g = plan(
+        "gaudi_spawn", gaudi_spawn="/opt/oh/examples/gaudi_spawn.py", num_gpus=1,
+        accelerators=dict.fromkeys(POOL, "hpu"), interface="ens5",
+    )  # fmt: skip
+    assert g.argv == [
+        "/opt/v/bin/python", "/opt/oh/examples/gaudi_spawn.py", "--world_size", "3",
+        "--hostfile", "gaudi_hostfile", "--use_deepspeed", "train.py", "--lr", "0.1",
+    ]  # fmt: skip
+    assert g.files["gaudi_hostfile"][0] == "h1 slots=1\nh2 slots=1\nh3 slots=1\n"
+    assert g.files[".deepspeed_env"][0].endswith("HCCL_SOCKET_IFNAME=ens5\n")
+    with pytest.raises(DsclusterError, match="needs --gaudi-spawn PATH"):
+        plan("gaudi_spawn")
+    with pytest.raises(DsclusterError, match="port 29500 and takes no other"):
+        plan("gaudi_spawn", gaudi_spawn="g.py", master_port=29511)
+    with pytest.raises(DsclusterError, match="cannot pin ranks to slots \\[2\\] on h1"):
+        plan(
+            "gaudi_spawn",
+            gaudi_spawn="g.py",
+            include="h1:2",
+            accelerators=dict.fromkeys(POOL, "hpu"),
+        )
+    with pytest.raises(DsclusterError, match="use --launcher torchrun or mpi"):
+        plan("gaudi_spawn", gaudi_spawn="g.py", program=["train.py", "a;b"])
+
+
+def test_mode_options_become_plan_keywords_and_staged_files(tmp_path):
+    config = tmp_path / "acc.json"
+    config.write_text('{"distributed_type": "MULTI_GPU"}')
+    kw, stage = modes.plan_options("accelerate", accelerate_config=config)
+    assert kw == {
+        "accelerate_config_kind": "ddp",
+        "accelerate_config": config.read_text(),
+        "accelerate_config_name": "accelerate_config.json",
+    }
+    assert stage == {}
+    local = tmp_path / "gaudi_spawn_local.py"
+    local.write_text("# optimum-habana's\n")
+    kw, stage = modes.plan_options("gaudi_spawn", gaudi_spawn=str(local))
+    assert (kw, stage) == ({"gaudi_spawn": "gaudi_spawn.py"}, {"gaudi_spawn.py": local})
+    kw, stage = modes.plan_options("gaudi_spawn", gaudi_spawn="/opt/oh/examples/gaudi_spawn.py")
+    assert (kw, stage) == ({"gaudi_spawn": "/opt/oh/examples/gaudi_spawn.py"}, {})
+    assert modes.plan_options("torchrun") == ({}, {})
+    # an absolute path not here is checked on the head before anything starts
+    g = plan("gaudi_spawn", gaudi_spawn="/opt/oh/g.py", accelerators=dict.fromkeys(POOL, "hpu"))
+    script = g.files["launch.sh"][0]
+    assert "[ -f /opt/oh/g.py ] || { printf 'dscluster: --gaudi-spawn %s is not a file" in script
+    assert script.index("[ -f /opt/oh/g.py ]") < script.index("exec ")

@@ -135,13 +135,14 @@ def test_sbatch_torchrun_mode(tmp_path):
 
 def test_sbatch_deepspeed_mode(tmp_path):
     script = write_script(tmp_path, "deepspeed", "--slots", "3", "--master-port", "29555")
-    proc = submit(tmp_path, script, nodelist="w[1-3]", cpus="3(x3)")
+    proc = submit(tmp_path, script, nodelist="w[1-3]", cpus="3(x3)", extra={"SLURM_PROCID": "0"})
     assert proc.returncode == 0, proc.stderr
     rec = json.loads((tmp_path / "log" / "deepspeed.json").read_text())
     submit_dir = tmp_path / "submit"
     assert rec["argv"] == [
         "--hostfile", f"{submit_dir}/hostfile.42", "--launcher", "pdsh",
-        "--master_addr", "w1", "--master_port", "29555", *DEEPSPEED_USER_ARGS,
+        "--master_addr", "w1", "--master_port", "29555",
+        "--no_python", f"{submit_dir}/ds_rank.42.sh", *DEEPSPEED_USER_ARGS,
     ]  # fmt: skip
     assert rec["pool"] == {"w1": 3, "w2": 3, "w3": 3}
     assert rec["cwd"] == str(submit_dir)
@@ -150,6 +151,16 @@ def test_sbatch_deepspeed_mode(tmp_path):
     assert rec["exports"]["PYTHONUNBUFFERED"] == "1"
     assert rec["PATH"].split(":")[0] == f"{tmp_path / 'venv'}/bin"
     assert (submit_dir / "deepspeed_env.42").is_file()
+    # every rank ran through the wrapper: Lightning's node rank, not Slurm's task ids
+    got = ranks(tmp_path)
+    assert [r["RANK"] for r in got] == [str(i) for i in range(9)]
+    assert [r["NODE_RANK"] for r in got] == ["0"] * 3 + ["1"] * 3 + ["2"] * 3
+    assert {(r["GROUP_RANK"] == r["NODE_RANK"], r["LOCAL_WORLD_SIZE"]) for r in got} == {
+        (True, "3")
+    }
+    assert {r["SLURM_PROCID"] for r in got} == {None}
+    # DeepSpeed's --local_rank=N lands right behind the script, as without --no_python
+    assert got[4]["argv"] == ["--local_rank=1", *DEEPSPEED_USER_ARGS[1:]]
 
 
 @pytest.mark.parametrize("bad", ["$(rm -rf ~)", "`id`", 'it\'s "quoted"', "a;b", "$HOME"])
@@ -342,3 +353,58 @@ def test_render_sbatch_is_pure_and_quotes():
     text = sbatch.render_sbatch(opts)
     assert "t.py 'a b' '$(rm -rf /)'" in text
     assert f"VENV={sbatch.DEFAULT_VENV}" in text and f"PORT={inventory.DEFAULT_MASTER_PORT}" in text
+
+
+# ---- --launcher accelerate ----------------------------------------------------------------
+
+
+def accelerate_calls(tmp_path) -> list[dict]:
+    lines = (tmp_path / "log" / "accelerate.jsonl").read_text().splitlines()
+    return [json.loads(ln) for ln in lines]
+
+
+def test_sbatch_accelerate_one_launch_per_node_seed_003s_form(tmp_path):
+    script = write_script(tmp_path, "accelerate", "--slots", "2", "--master-port", "29612")
+    proc = submit(tmp_path, script, extra={"TMPDIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    [srun] = [json.loads(ln) for ln in (tmp_path / "log" / "srun.jsonl").read_text().splitlines()]
+    assert srun["opts"]["ntasks-per-node"] == "1" and srun["opts"]["ntasks"] == "2"
+    calls = accelerate_calls(tmp_path)
+    assert [(c["node"], c["opts"]["machine_rank"]) for c in calls] == [("n1", "0"), ("n2", "1")]
+    for c in calls:
+        assert c["opts"]["main_process_ip"] == "n1" and c["opts"]["main_process_port"] == "29612"
+        assert (c["opts"]["num_machines"], c["opts"]["num_processes"]) == ("2", "4")
+        assert c["opts"]["rdzv_backend"] == "static" and c["opts"]["max_restarts"] == "0"
+        assert c["opts"]["config_file"] == f"{tmp_path}/dscluster-accelerate.42.yaml"
+        # no --gres: a CPU cluster; MULTI_CPU gets --multi_gpu so every rank starts
+        assert "multi_gpu" in c["flags"] and "same_network" in c["flags"]
+        assert "distributed_type: MULTI_CPU" in c["config"]
+    got = ranks(tmp_path)
+    assert [r["RANK"] for r in got] == ["0", "1", "2", "3"]
+    assert {tuple(r["argv"]) for r in got} == {tuple(USER_ARGS[1:])}  # quoting kept
+
+
+def test_sbatch_accelerate_users_config_travels_exactly(tmp_path):
+    config = tmp_path / "my.json"
+    config.write_text('{"distributed_type": "MULTI_GPU", "note": "it\'s $HOME"}')
+    script = write_script(tmp_path, "accelerate", "--accelerate-config", str(config))
+    proc = submit(tmp_path, script, extra={"TMPDIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    calls = accelerate_calls(tmp_path)
+    assert {c["config"] for c in calls} == {config.read_text() + "\n"}
+    assert {c["opts"]["config_file"] for c in calls} == {f"{tmp_path}/dscluster-accelerate.42.json"}
+    assert all("multi_gpu" not in c["flags"] for c in calls)
+
+
+def test_sbatch_accelerate_generated_kinds(tmp_path):
+    fsdp = write_script(
+        tmp_path, "accelerate", "--gres", "gpu:4", "--accelerate-config-kind", "fsdp"
+    )
+    text = fsdp.read_text()
+    assert "distributed_type: FSDP" in text and "fsdp_sharding_strategy: FULL_SHARD" in text
+    line = one_line_error(
+        run_main("sbatch", "--launcher", "accelerate", "--accelerate-config-kind", "fsdp",
+                 "-o", str(tmp_path / "x.sbatch"), "--", "job.py"),
+        rc=2,
+    )  # fmt: skip
+    assert "CPU-only" in line and "--accelerate-config-kind ddp" in line

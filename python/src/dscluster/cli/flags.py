@@ -12,6 +12,7 @@ aliases that still parse into the same place:
     --offload          none | cpu | nvme
     -o/--out           the file or directory dscluster writes (`--script` for sbatch)
     --slurm-output     Slurm's own log file, #SBATCH --output (`--output`)
+    --accelerate-config / --accelerate-config-kind   launch and sbatch --launcher accelerate
 """
 
 from __future__ import annotations
@@ -58,6 +59,24 @@ def launcher(
         alias(parser, *old, dest="launcher", choices=choices)
     if default is None:
         require(parser, "launcher")
+
+
+def accelerate_config(parser: argparse.ArgumentParser) -> None:
+    """--accelerate-config FILE / --accelerate-config-kind, for --launcher accelerate."""
+    from ..launch.accelerate import CONFIG_KINDS  # noqa: PLC0415
+
+    parser.add_argument(
+        "--accelerate-config",
+        metavar="FILE",
+        type=validate.existing_file_type("--accelerate-config"),
+        help="--launcher accelerate: your accelerate config (YAML or JSON), staged with the job",
+    )
+    parser.add_argument(
+        "--accelerate-config-kind",
+        choices=CONFIG_KINDS,
+        help="--launcher accelerate without --accelerate-config: the config generated for the "
+        "cluster (default ddp; fsdp and deepspeed as accelerate writes them)",
+    )
 
 
 def require(parser: argparse.ArgumentParser, dest: str) -> None:

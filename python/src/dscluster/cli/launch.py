@@ -16,7 +16,7 @@ from . import flags
 def register(sub) -> None:
     p = sub.add_parser(
         "launch",
-        help="run your script across the cluster (deepspeed, torchrun or mpi)",
+        help="run your script across the cluster (deepspeed, torchrun, mpi, accelerate, gaudi)",
         description="dscluster launch -i INV [options] -- script.py [args...]",
     )
     flags.inventory(p)
@@ -24,7 +24,15 @@ def register(sub) -> None:
         p,
         LAUNCHERS,
         default="deepspeed",
-        help="deepspeed (pdsh), torchrun (c10d, one agent per node over pdsh) or mpi (mpirun)",
+        help="deepspeed (pdsh), torchrun (c10d, one agent per node over pdsh), mpi (mpirun), "
+        "accelerate (accelerate launch per node over pdsh) or gaudi_spawn (optimum-habana)",
+    )
+    flags.accelerate_config(p)
+    p.add_argument(
+        "--gaudi-spawn",
+        metavar="PATH",
+        help="--launcher gaudi_spawn: optimum-habana's examples/gaudi_spawn.py, a local file "
+        "(staged with the job) or its absolute path on the nodes",
     )
     p.add_argument("--include", default="", help="DeepSpeed syntax: host1:0,1@host2")
     p.add_argument("--exclude", default="", help="DeepSpeed syntax: host3@host1:1")
@@ -64,7 +72,15 @@ def check_launch(args: argparse.Namespace) -> None:
     if not program:
         raise DsclusterError("no script to run; put it after '--': dscluster launch -- train.py")
     words, _ = program_for(program[0], program[1:], stage=not args.no_stage)
-    if args.launcher == "deepspeed":
+    from ..launch.modes import check_options  # noqa: PLC0415
+
+    check_options(
+        args.launcher,
+        accelerate_config=args.accelerate_config,
+        accelerate_config_kind=args.accelerate_config_kind,
+        gaudi_spawn=args.gaudi_spawn,
+    )
+    if args.launcher in ("deepspeed", "gaudi_spawn"):
         from ..launch import check_deepspeed_args  # noqa: PLC0415
 
         check_deepspeed_args(words)

@@ -1,4 +1,5 @@
-"""`dscluster sbatch`: write a Slurm batch script for a launcher (deepspeed, torchrun, srun)."""
+"""`dscluster sbatch`: write a Slurm batch script for a launcher (deepspeed, torchrun, srun,
+accelerate)."""
 
 from __future__ import annotations
 
@@ -15,13 +16,17 @@ from . import flags
 def register(sub) -> None:
     p = sub.add_parser(
         "sbatch",
-        help="write a Slurm batch script for a launcher (deepspeed, torchrun, srun)",
+        help="write a Slurm batch script for a launcher (deepspeed, torchrun, srun, accelerate)",
         description="Write a bash batch script; submit it with sbatch. "
         "Example: dscluster sbatch --launcher torchrun --nodes 2 -- train.py --epochs 3",
     )
     flags.launcher(
-        p, MODES, help="how the ranks start: deepspeed, torchrun or srun", old=("--mode",)
+        p,
+        MODES,
+        help="how the ranks start: deepspeed, torchrun, srun or accelerate",
+        old=("--mode",),
     )
+    flags.accelerate_config(p)
     p.add_argument(
         "--nodes",
         type=validate.count_type(1, validate.MAX_NODES, "a node count", 2, flag="--nodes"),
@@ -59,17 +64,29 @@ def register(sub) -> None:
 def check_sbatch(args: argparse.Namespace) -> None:
     """Every option as given, before the inventory is read or anything is written (the
     inventory's venv, port and environment are checked again once read)."""
+    from ..launch.modes import check_options  # noqa: PLC0415
     from ..sbatch import default_script_path, validate  # noqa: PLC0415
     from ..validate import check_out_file  # noqa: PLC0415
 
+    check_options(
+        args.launcher,
+        accelerate_config=args.accelerate_config,
+        accelerate_config_kind=args.accelerate_config_kind,
+    )
     validate(_options(args, None, None, {}))
     if args.out is None:
         check_out_file(default_script_path(args.launcher), "the batch script (-o/--out)")
 
 
 def _options(args: argparse.Namespace, venv: str | None, port: int | None, env: dict):
+    from ..launch.modes import plan_options  # noqa: PLC0415
     from ..sbatch import SbatchOptions  # noqa: PLC0415
 
+    mode, _ = plan_options(
+        args.launcher,
+        accelerate_config=args.accelerate_config,
+        accelerate_config_kind=args.accelerate_config_kind,
+    )
     return SbatchOptions(
         launcher=args.launcher,
         command=flags.after_dashes(args.command),
@@ -85,6 +102,7 @@ def _options(args: argparse.Namespace, venv: str | None, port: int | None, env: 
         master_port=args.master_port if args.master_port is not None else port,
         env=env,
         origin=f"dscluster sbatch --launcher {args.launcher}",
+        **mode,
     )
 
 

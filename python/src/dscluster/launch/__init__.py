@@ -1,5 +1,7 @@
 """`dscluster launch`: run a script across the cluster with the deepspeed launcher (pdsh),
-torchrun (c10d rendezvous, one agent per node over pdsh) or OpenMPI's mpirun.
+torchrun (c10d rendezvous, one agent per node over pdsh), accelerate (one `accelerate launch`
+per node over pdsh; accelerate.py: its config), OpenMPI's mpirun or optimum-habana's
+gaudi_spawn.py.
 
 select.py: resource selection; render.py: argv, hostfiles and the scripts staged with the job,
 per launcher, and the Plan; watch.py: which node a failed launch lost; run.py: `run_job`, the
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 from .render import (
     DEEPSPEED_SAFE_ARG_RE,
+    DS_RANK_WRAPPER,
+    GAUDI_SPAWN_PORT,
     LAUNCH_TIME,
     LAUNCHERS,
     LOST_NODE_GRACE,
@@ -24,10 +28,13 @@ from .render import (
     VISIBLE_DEVICES_ENV,
     Plan,
     Raw,
+    accelerate_argv,
     build_plan,
     check_deepspeed_args,
     deepspeed_argv,
+    gaudi_spawn_argv,
     mpi_argv,
+    render_deepspeed_rank_wrapper,
     render_launch_script,
     render_mpi_hostfile,
     render_mpi_rank_wrapper,
@@ -54,6 +61,8 @@ from .watch import MPI_EXIT_CODE_RE, MPI_PROCESS_RE, lost_nodes
 
 __all__ = [
     "DEEPSPEED_SAFE_ARG_RE",
+    "DS_RANK_WRAPPER",
+    "GAUDI_SPAWN_PORT",
     "LAUNCHERS",
     "LAUNCH_TIME",
     "LOST_NODE_GRACE",
@@ -65,10 +74,12 @@ __all__ = [
     "JobResult",
     "Plan",
     "Raw",
+    "accelerate_argv",
     "build_plan",
     "check_deepspeed_args",
     "deepspeed_argv",
     "describe",
+    "gaudi_spawn_argv",
     "job_dir_for",
     "launch",
     "lost_nodes",
@@ -77,6 +88,7 @@ __all__ = [
     "parse_node_specs",
     "plan_for",
     "program_for",
+    "render_deepspeed_rank_wrapper",
     "render_launch_script",
     "render_mpi_hostfile",
     "render_mpi_rank_wrapper",

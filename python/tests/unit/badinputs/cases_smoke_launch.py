@@ -33,6 +33,84 @@ def _ports(prefix: list[str], tail: list[str], tag: str) -> list[Case]:
     ]
 
 
+def _mode_cases(prefix: list[str], tag: str) -> list[Case]:
+    """--accelerate-config / --accelerate-config-kind, shared by launch and sbatch."""
+    acc = [*prefix, "--launcher", "accelerate"]
+    return [
+        Case(
+            f"{tag}-accelerate-config-missing",
+            [*acc, "--accelerate-config", "nope.yaml", *RUN],
+            "nope.yaml",
+            "give an existing file",
+        ),
+        Case(
+            f"{tag}-accelerate-config-dir",
+            [*acc, "--accelerate-config", "adir", *RUN],
+            "adir",
+            "give a file",
+        ),
+        Case(
+            f"{tag}-accelerate-config-suffix",
+            [*acc, "--accelerate-config", "existing.txt", *RUN],
+            "existing.txt",
+            ".yaml, .yml or .json",
+        ),
+        Case(
+            f"{tag}-accelerate-config-bad-yaml",
+            [*acc, "--accelerate-config", "acc.yaml", *RUN],
+            "acc.yaml",
+            "accelerate config",
+            setup=_write("acc.yaml", b"distributed_type: [MULTI_GPU\n"),
+        ),
+        Case(
+            f"{tag}-accelerate-config-bad-json",
+            [*acc, "--accelerate-config", "acc.json", *RUN],
+            "acc.json",
+            "not valid JSON",
+            setup=_write("acc.json", b"{distributed_type: MULTI_GPU}"),
+        ),
+        Case(
+            f"{tag}-accelerate-config-no-type",
+            [*acc, "--accelerate-config", "acc.yml", *RUN],
+            "acc.yml",
+            "distributed_type: MULTI_GPU",
+            setup=_write("acc.yml", b"num_processes: 4\n"),
+        ),
+        Case(
+            f"{tag}-accelerate-config-not-utf8",
+            [*acc, "--accelerate-config", "acc.yaml", *RUN],
+            "acc.yaml",
+            "UTF-8",
+            setup=_write("acc.yaml", b"distributed_type: \xff\n"),
+        ),
+        Case(
+            f"{tag}-accelerate-config-other-launcher",
+            [*prefix, "--launcher", "torchrun", "--accelerate-config", "existing.txt", *RUN],
+            "--accelerate-config",
+            "--launcher accelerate",
+        ),
+        Case(
+            f"{tag}-accelerate-kind-other-launcher",
+            [*prefix, "--launcher", "deepspeed", "--accelerate-config-kind", "ddp", *RUN],
+            "--accelerate-config-kind",
+            "--launcher accelerate",
+        ),
+        Case(
+            f"{tag}-accelerate-kind-and-config",
+            [*acc, "--accelerate-config-kind", "ddp", "--accelerate-config", "acc.yaml", *RUN],
+            "--accelerate-config-kind ddp",
+            "pass one of them",
+            setup=_write("acc.yaml", b"distributed_type: MULTI_GPU\n"),
+        ),
+        Case(
+            f"{tag}-accelerate-kind-typo",
+            [*acc, "--accelerate-config-kind", "zero3", *RUN],
+            "zero3",
+            "deepspeed",
+        ),
+    ]
+
+
 CASES = [
     # top level
     Case("home-empty", ["--home", "", "hostfile", *INV], "--home", "give a directory"),
@@ -209,6 +287,32 @@ CASES = [
         "--no-stage",
     ),
     *_ports(["launch", *INV], RUN, "launch"),
+    # launch: the ecosystems' modes (issue 15)
+    *_mode_cases(["launch", *INV], "launch"),
+    Case(
+        "launch-gaudi-spawn-other-launcher",
+        ["launch", *INV, "--launcher", "torchrun", "--gaudi-spawn", "train.py", *RUN],
+        "--gaudi-spawn",
+        "--launcher gaudi_spawn",
+    ),
+    Case(
+        "launch-gaudi-spawn-missing",
+        ["launch", *INV, "--launcher", "gaudi_spawn", *RUN],
+        "--launcher gaudi_spawn",
+        "--gaudi-spawn PATH",
+    ),
+    Case(
+        "launch-gaudi-spawn-not-here-relative",
+        ["launch", *INV, "--launcher", "gaudi_spawn", "--gaudi-spawn", "nope.py", *RUN],
+        "nope.py",
+        "absolute path on the nodes",
+    ),
+    Case(
+        "launch-gaudi-spawn-unsafe-arg",
+        ["launch", *INV, "--launcher", "gaudi_spawn", "--gaudi-spawn", "/opt/g.py", *RUN, "a;b"],
+        "a;b",
+        "--launcher torchrun",
+    ),
     # doctor
     Case(
         "doctor-shm-negative", ["doctor", *INV, "--min-shm-gb", "-1"], "--min-shm-gb -1", "from 0"
@@ -341,4 +445,11 @@ CASES = [
         setup=_write("inventories/demo/.deepspeed_env", b"A=\xff\xfe\n"),
     ),
     *_ports(["sbatch", "--launcher", "torchrun"], RUN, "sbatch"),
+    *_mode_cases(["sbatch"], "sbatch"),
+    Case(
+        "sbatch-accelerate-fsdp-on-cpu",
+        ["sbatch", "--launcher", "accelerate", "--accelerate-config-kind", "fsdp", *RUN],
+        "--accelerate-config-kind fsdp",
+        "--accelerate-config-kind ddp",
+    ),
 ]
