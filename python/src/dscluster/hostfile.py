@@ -462,13 +462,14 @@ def derive_launch_env(
     if kinds == {"cpu"}:
         threads = min(max(1, f.cpus // max(1, f.slots)) for f in facts)
         env["OMP_NUM_THREADS"] = str(threads)
-        # Nothing else on purpose. The ecosystems find the CPU by themselves once a launcher
-        # has set LOCAL_RANK: accelerate's PartialState picks MULTI_CPU with gloo, Lightning's
-        # accelerator="auto" picks CPU and its DDP gloo. ACCELERATE_USE_CPU=true would switch
-        # accelerate's DeepSpeed and FSDP plugins off (AcceleratorState enables DEEPSPEED only
-        # `and not cpu`), so HF Trainer + DeepSpeed ZeRO would train plain DDP, silently. The
-        # "three world-size-1 jobs" of accelerate on CPU came from `accelerate launch` with a
-        # MULTI_CPU config (one process per node, no ranks): launch/accelerate.py mends that.
+        # Accelerate (1.x) makes a process group on CPU-only nodes only when told the run is
+        # on CPU: without this, every rank of an Accelerate script or an HF Trainer under
+        # torchrun, mpi, srun or `accelerate launch` finds no backend and trains alone at world
+        # size 1 (accelerate/state.py: PartialState, _prepare_backend). The deepspeed launcher's
+        # ds_rank.sh unsets it again: with it, accelerate switches its DeepSpeed plugin off
+        # (AcceleratorState enables DEEPSPEED only `and not cpu`), and an HF Trainer given
+        # --deepspeed would train plain DDP without a word.
+        env["ACCELERATE_USE_CPU"] = "true"
     if extra:
         env.update(extra)
     return env, warnings

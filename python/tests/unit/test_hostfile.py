@@ -84,6 +84,7 @@ def test_derive_env_cpu_pins_interfaces_and_threads(inventory_dir):
     assert env["GLOO_SOCKET_IFNAME"] == "eth0"
     assert env["NCCL_SOCKET_IFNAME"] == "eth0"
     assert env["OMP_NUM_THREADS"] == "2"  # 8 cpus / 4 slots on the busiest node
+    assert env["ACCELERATE_USE_CPU"] == "true"  # else accelerate's ranks each see world size 1
     assert env["TORCH_EXTENSIONS_DIR"] == "/opt/ext"  # as recorded, not derived
 
 
@@ -95,6 +96,7 @@ def test_derive_env_no_interface_pin_when_names_differ():
     env = hostfile.derive_env(facts)
     assert "NCCL_SOCKET_IFNAME" not in env
     assert "OMP_NUM_THREADS" not in env
+    assert "ACCELERATE_USE_CPU" not in env  # GPU nodes
 
 
 def test_derive_env_refuses_different_venvs():

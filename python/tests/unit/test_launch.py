@@ -465,9 +465,12 @@ def test_deepspeed_rank_wrapper_gives_lightning_the_node_rank(tmp_path):
     got = run_wrapper(
         tmp_path, text, "/opt/v/bin/python",
         {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "7", "CROSS_RANK": "2",
-         "CROSS_SIZE": "3", "LOCAL_SIZE": "2", "SLURM_NTASKS": "1", "SLURM_PROCID": "0"},
+         "CROSS_SIZE": "3", "LOCAL_SIZE": "2", "SLURM_NTASKS": "1", "SLURM_PROCID": "0",
+         "ACCELERATE_USE_CPU": "true"},
     )  # fmt: skip
     assert (got["NODE_RANK"], got["GROUP_RANK"], got["LOCAL_WORLD_SIZE"]) == ("2", "2", "2")
+    # the CPU profile's switch would turn an HF Trainer's --deepspeed into plain DDP
+    assert "ACCELERATE_USE_CPU" not in got
     assert (got["RANK"], got["LOCAL_RANK"], got["WORLD_SIZE"]) == ("5", "1", "7")
     assert "SLURM_NTASKS" not in got and "SLURM_PROCID" not in got
     # launch.py runs `ds_rank.sh --local_rank=1 train.py --lr 0.1`: python gets the script first
@@ -560,10 +563,10 @@ def test_accelerate_config_kinds_in_accelerates_format():
     assert ds["distributed_type"] == "DEEPSPEED"
     assert ds["deepspeed_config"]["deepspeed_multinode_launcher"] == "standard"
     cpu = dict.fromkeys(EVEN, "cpu")
-    ds_cpu = accel_plan(accelerate_config_kind="deepspeed", accelerators=cpu)
-    ds_cpu_config = yaml.safe_load(ds_cpu.files[accelerate.CONFIG_NAME][0])
-    assert ds_cpu_config["use_cpu"] is False  # ACCELERATE_USE_CPU would turn DeepSpeed off
-    assert all("--multi_gpu" not in a for a in node_lines(ds_cpu, "accelerate_node.sh").values())
+    # accelerate gives DeepSpeed no process group without a GPU: refused on CPU nodes, as FSDP
+    for kind in ("deepspeed", "fsdp"):
+        with pytest.raises(DsclusterError, match=f"--accelerate-config-kind {kind}: .*ddp"):
+            accel_plan(accelerate_config_kind=kind, accelerators=cpu)
     # every key is one of accelerate's ClusterConfig fields (config_args.py)
     known = {
         "compute_environment", "debug", "distributed_type", "downcast_bf16", "gpu_ids",

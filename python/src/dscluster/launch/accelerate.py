@@ -9,14 +9,16 @@ node with static rendezvous on `--main_process_ip:--main_process_port`, `--num_p
 ONE process per node with no RANK/WORLD_SIZE (unless accelerate is given an mpirun hostfile),
 so every node trains alone at world size 1. On a MULTI_CPU config with more than one rank,
 dscluster adds `--multi_gpu`, which takes the torch.distributed.run path instead; on CPU-only
-nodes the ranks still come up as MULTI_CPU with gloo (accelerate/state.py: _prepare_backend
-picks MULTI_CPU when LOCAL_RANK is set and no accelerator is found). mpirun is not used: it
+nodes the ranks come up as MULTI_CPU with gloo because the cluster's CPU profile exports
+ACCELERATE_USE_CPU=true (hostfile.derive_launch_env; without it accelerate/state.py's
+_prepare_backend finds no backend and every rank is alone at world size 1). mpirun is not used: it
 would need Intel MPI or a torch built with MPI, and bypasses the per-node agents that
 launch_watch.py and lost-node naming expect.
 
-FSDP on CPU is refused for the generated config: accelerate 1.11 enables its FSDP plugin only
-for the GPU-like distributed types (AcceleratorState.__init__), so on CPU nodes an FSDP config
-silently trains plain DDP.
+FSDP and DeepSpeed on CPU are refused for the generated config: accelerate 1.x enables its
+FSDP plugin only for the GPU-like distributed types (AcceleratorState.__init__), so on CPU
+nodes an FSDP config silently trains plain DDP; and it gives DeepSpeed no process-group
+backend without a GPU (world size 1) or, with ACCELERATE_USE_CPU, switches DeepSpeed off.
 """
 
 from __future__ import annotations
@@ -75,8 +77,14 @@ def render_config(kind: str, accelerator: str, *, num_machines: int, num_process
     if kind == "fsdp" and cpu:
         raise DsclusterError(
             "--accelerate-config-kind fsdp: accelerate enables FSDP only on GPU-like devices, so "
-            "these CPU-only nodes would train plain DDP; use --accelerate-config-kind ddp or "
-            "deepspeed, or pass your own --accelerate-config"
+            "these CPU-only nodes would train plain DDP; use --accelerate-config-kind ddp here, "
+            "FSDP on GPU nodes"
+        )
+    if kind == "deepspeed" and cpu:
+        raise DsclusterError(
+            "--accelerate-config-kind deepspeed: accelerate gives DeepSpeed no process group on "
+            "CPU-only nodes (each rank would train alone); use --accelerate-config-kind ddp here, "
+            "or --launcher deepspeed for a DeepSpeed script"
         )
     config: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",

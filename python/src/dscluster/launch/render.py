@@ -121,6 +121,9 @@ def render_deepspeed_rank_wrapper(python: str) -> str:
         "# CROSS_SIZE/LOCAL_SIZE; Lightning reads the node's rank from NODE_RANK/GROUP_RANK.\n"
         'export NODE_RANK="$CROSS_RANK" GROUP_RANK="$CROSS_RANK" LOCAL_WORLD_SIZE="$LOCAL_SIZE"\n'
         "unset SLURM_NTASKS SLURM_NPROCS SLURM_PROCID SLURM_LOCALID SLURM_NODEID\n"
+        "# The CPU profile's ACCELERATE_USE_CPU switches accelerate's DeepSpeed plugin off\n"
+        "# (an HF Trainer given --deepspeed would train plain DDP).\n"
+        "unset ACCELERATE_USE_CPU\n"
         "# launch.py puts --local_rank=N right after its 'script' (this file): move it back\n"
         "# behind the user's script, where it lands without --no_python.\n"
         "if [ $# -ge 2 ]; then\n"

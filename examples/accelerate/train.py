@@ -1,0 +1,83 @@
+"""An Accelerate training loop, as seed 003 runs it with `accelerate launch --config_file …`:
+DDP or FSDP comes from the Accelerate config, not from the script. A small GPT-2 built from
+its config on synthetic data made here (nothing is downloaded).
+
+    dscluster launch -i INV --launcher accelerate --workdir examples/accelerate -- train.py
+    dscluster launch -i INV --launcher accelerate --accelerate-config fsdp_config.yaml \\
+        --workdir examples/accelerate -- train.py
+
+Every rank prints one `RESULT {...}` line: the number of processes Accelerate itself sees
+(`accelerator.num_processes`), its distributed type, the host, and the first and last loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from transformers import GPT2Config, GPT2LMHeadModel
+
+VOCAB, SEQ, SAMPLES = 64, 32, 768
+
+
+def sequences() -> torch.Tensor:
+    """Arithmetic token sequences (start + k * step, mod VOCAB): learnable in a few steps."""
+    g = torch.Generator().manual_seed(0)
+    start = torch.randint(0, VOCAB, (SAMPLES, 1), generator=g)
+    step = torch.randint(1, 4, (SAMPLES, 1), generator=g)
+    return (start + step * torch.arange(SEQ)) % VOCAB
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--batch-size", type=int, default=4, help="per process")
+    parser.add_argument("--lr", type=float, default=3e-3)
+    args = parser.parse_args()
+
+    accelerator = Accelerator()
+    set_seed(0)
+    config = GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=64, n_layer=2, n_head=2)
+    model = GPT2LMHeadModel(config)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(sequences()),
+        batch_size=args.batch_size,
+        shuffle=True,
+    )
+    # FSDP wraps the model first; the optimizer is made from the wrapped parameters.
+    model = accelerator.prepare(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    optimizer, loader = accelerator.prepare(optimizer, loader)
+
+    losses: list[float] = []
+    model.train()
+    while len(losses) < args.steps:
+        for (ids,) in loader:
+            loss = model(input_ids=ids, labels=ids).loss
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            # The mean over every process: each rank logs the same global loss.
+            losses.append(accelerator.reduce(loss.detach(), reduction="mean").item())
+            if len(losses) == args.steps:
+                break
+    report = {
+        "framework": "accelerate",
+        "rank": accelerator.process_index,
+        "world_size": accelerator.num_processes,
+        "distributed_type": str(accelerator.distributed_type).split(".")[-1],
+        "host": socket.gethostname(),
+        "first_loss": losses[0],
+        "last_loss": losses[-1],
+    }
+    print("RESULT " + json.dumps(report), flush=True)
+    accelerator.end_training()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""Hugging Face Trainer + DeepSpeed, as seed 002 runs it: `--deepspeed ds_config.json` with
+"auto" values the Trainer fills in. A small GPT-2 built from its config on synthetic data made
+here (nothing is downloaded), so it runs on any dscluster cluster, CPU-only included.
+
+    dscluster launch -i INV --workdir examples/hf_trainer -- train.py --deepspeed ds_config.json
+
+Every rank prints one `RESULT {...}` line: the world size the Trainer itself sees
+(`args.world_size`), the host, and its first and last logged training loss.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    HfArgumentParser,
+    Trainer,
+    TrainingArguments,
+)
+
+VOCAB, SEQ, SAMPLES = 64, 32, 768
+
+
+class Sequences(torch.utils.data.Dataset):
+    """Arithmetic token sequences (start + k * step, mod VOCAB): learnable in a few steps."""
+
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(0)
+        start = torch.randint(0, VOCAB, (SAMPLES, 1), generator=g)
+        step = torch.randint(1, 4, (SAMPLES, 1), generator=g)
+        self.ids = (start + step * torch.arange(SEQ)) % VOCAB
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def deepspeed_on_cpu() -> list[str]:
+    """CPU-only nodes: start Accelerate's state the way DeepSpeed needs it, before the Trainer
+    (the Trainer's own `use_configured_state` route); the arguments that make it use it.
+
+    Accelerate (1.x) gives DeepSpeed no process-group backend when there is no GPU, so the
+    Trainer would count a world size of 1 (and fill "auto" batch sizes for it) while DeepSpeed
+    sees every rank; and with ACCELERATE_USE_CPU=true (dscluster's CPU profile) it drops
+    DeepSpeed altogether. GPU and Gaudi nodes need none of this.
+    """
+    if torch.cuda.is_available() or "--deepspeed" not in sys.argv:
+        return []
+    from accelerate import PartialState
+
+    os.environ.pop("ACCELERATE_USE_CPU", None)
+    os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+    PartialState(backend="gloo")
+    return ["--accelerator_config", json.dumps({"use_configured_state": True})]
+
+
+def main() -> int:
+    defaults = ["--output_dir", "out", "--max_steps", "30", "--learning_rate", "3e-3"]
+    defaults += ["--per_device_train_batch_size", "4", "--logging_steps", "1"]
+    defaults += ["--save_strategy", "no", "--report_to", "none", "--seed", "0"]
+    defaults += deepspeed_on_cpu()
+    (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(
+        defaults + sys.argv[1:]
+    )
+    config = GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=64, n_layer=2, n_head=2)
+    trainer = Trainer(model=GPT2LMHeadModel(config), args=args, train_dataset=Sequences())
+    trainer.train()
+    plugin = trainer.accelerator.state.deepspeed_plugin if trainer.is_deepspeed_enabled else None
+    zero_stage = plugin.zero_stage if plugin is not None else None
+    losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    report = {
+        "framework": "transformers.Trainer",
+        "rank": args.process_index,
+        "world_size": args.world_size,
+        "host": socket.gethostname(),
+        "deepspeed": trainer.is_deepspeed_enabled,
+        "zero_stage": zero_stage,
+        "first_loss": losses[0],
+        "last_loss": losses[-1],
+    }
+    print("RESULT " + json.dumps(report), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
