@@ -48,6 +48,13 @@ def register(sub) -> None:
         help="run an absolute path already on the nodes instead of copying the script",
     )
     p.add_argument(
+        "--workdir",
+        metavar="DIR",
+        default=None,
+        help="ship this project directory (minus .gitignore'd files) and run in it; the "
+        "script and its files are relative to DIR",
+    )
+    p.add_argument(
         "--dry-run", action="store_true", help="print the command and launch files, run nothing"
     )
     flags.no_doctor(p)
@@ -63,7 +70,10 @@ def check_launch(args: argparse.Namespace) -> None:
     program = flags.after_dashes(args.program)
     if not program:
         raise DsclusterError("no script to run; put it after '--': dscluster launch -- train.py")
-    words, _ = program_for(program[0], program[1:], stage=not args.no_stage)
+    if args.workdir is not None:
+        words = _check_workdir(args, program)
+    else:
+        words, _ = program_for(program[0], program[1:], stage=not args.no_stage)
     if args.launcher == "deepspeed":
         from ..launch import check_deepspeed_args  # noqa: PLC0415
 
@@ -71,6 +81,18 @@ def check_launch(args: argparse.Namespace) -> None:
     for flag, text in (("--include", args.include), ("--exclude", args.exclude)):
         if text:
             parse_node_specs(text, flag)
+
+
+def _check_workdir(args: argparse.Namespace, program: list[str]) -> list[str]:
+    from ..launch.workdir import project_for  # noqa: PLC0415
+
+    if args.no_stage:
+        raise DsclusterError(
+            "--workdir ships the project and --no-stage runs what is already on the nodes; "
+            "give one of them"
+        )
+    _, rel = project_for(args.workdir, program[0])
+    return [rel, *program[1:]]
 
 
 def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -89,6 +111,7 @@ def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
         script=program[0],
         args=program[1:],
         stage=not args.no_stage,
+        workdir=args.workdir,
         dry_run=args.dry_run,
         timeout=args.timeout,
         master_port=port,
@@ -105,7 +128,13 @@ def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
     for line in result.log_lines:
         out.print(line, markup=False, highlight=False)
     if result.rc == 0:
-        err.print(f"launch {plan.run_id}: job exited 0; log {result.log_path}", highlight=False)
+        where = f"ran in {plan.job_dir} on {plan.head}"
+        where += f" ({result.project})" if result.project else ""
+        err.print(
+            f"launch {plan.run_id}: job exited 0; log {result.log_path}; {where}",
+            markup=False,
+            highlight=False,
+        )
         return 0
     why = f"exited {result.rc}" + (" (cut at --timeout)" if result.rc in (124, 137) else "")
     lost = result.lost_nodes
