@@ -10,6 +10,7 @@ from rich.console import Console
 from .. import validate
 from ..errors import DsclusterError
 from ..launch import LAUNCHERS
+from ..launch.watch import ScriptFailure
 from . import flags
 
 
@@ -95,6 +96,19 @@ def _check_workdir(args: argparse.Namespace, program: list[str]) -> list[str]:
     return [rel, *program[1:]]
 
 
+def _failure(failure: ScriptFailure, err: Console) -> str:
+    """The one line's part for a script error; its error lines go to stderr as a block."""
+    ranks = ",".join(map(str, failure.ranks))
+    text = f", job failed on rank{'s' if len(failure.ranks) > 1 else ''} {ranks} "
+    text += f"({', '.join(failure.hosts)}), every node reachable"
+    if not failure.error_lines:
+        return f"{text}: {failure.why}"
+    err.print(f"first error lines {failure.error_from}:", markup=False, highlight=False)
+    for line in failure.error_lines:
+        err.print(f"    {line}", markup=False, highlight=False, soft_wrap=True)
+    return f"{text}; first error {failure.error_from}: {failure.error_lines[-1].strip()}"
+
+
 def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
     from ..doctor import preflight  # noqa: PLC0415
     from ..inventory import load, master_port  # noqa: PLC0415
@@ -138,7 +152,9 @@ def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
         return 0
     why = f"exited {result.rc}" + (" (cut at --timeout)" if result.rc in (124, 137) else "")
     lost = result.lost_nodes
-    if lost:
+    if result.failure is not None:
+        why += _failure(result.failure, err)
+    elif lost:
         who = "; ".join(f"{host}: {reason}" for host, reason in lost.items())
         why += f", lost node(s) {', '.join(lost)} ({who})"
     elif result.playbook.failures and not result.log_lines:

@@ -21,7 +21,7 @@ from ..paths import cache_dir
 from ..runner import PlaybookResult, run_playbook
 from ..util import atomic_write, print_warnings, write_files
 from .render import Plan, build_plan, render_mpi_hostfile
-from .watch import lost_nodes
+from .watch import ScriptFailure, lost_nodes, script_failure
 from .workdir import JOB_FILE_NAMES, PROJECT_TAR, Project, check_names, project_for, write_tar
 
 
@@ -70,6 +70,8 @@ class JobResult:
     lost_nodes: dict[str, str]
     playbook: PlaybookResult
     project: str = ""  # "N files from DIR" when the job shipped a project (--workdir)
+    # ranks exited non-zero with every node reachable (then lost_nodes is empty)
+    failure: ScriptFailure | None = None
 
 
 def run_job(
@@ -133,12 +135,15 @@ def run_job(
         if result.rc != 0 and rc == 0:
             rc = 1  # the play failed around a job that did not (staging, fetching)
         lines = log_text.splitlines()
+        cut = rc in (124, 137)  # the time limit ended it: no one rank's failure
+        failure = script_failure(lines, plan.rank_hosts) if rc and not cut else None
         return JobResult(
             rc=rc,
             log_lines=lines,
             log_path=log_path,
             fetched=texts,
-            lost_nodes=lost_nodes(lines, plan.rank_hosts) if rc else {},
+            lost_nodes=lost_nodes(lines, plan.rank_hosts) if rc and failure is None else {},
+            failure=failure,
             playbook=result,
             project=project.describe() if project is not None else "",
         )
