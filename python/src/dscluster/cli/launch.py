@@ -10,6 +10,7 @@ from rich.console import Console
 from .. import validate
 from ..errors import DsclusterError
 from ..launch import LAUNCHERS
+from ..launch.watch import ScriptFailure
 from . import flags
 
 
@@ -56,6 +57,13 @@ def register(sub) -> None:
         help="run an absolute path already on the nodes instead of copying the script",
     )
     p.add_argument(
+        "--workdir",
+        metavar="DIR",
+        default=None,
+        help="ship this project directory (minus .gitignore'd files) and run in it; the "
+        "script and its files are relative to DIR",
+    )
+    p.add_argument(
         "--dry-run", action="store_true", help="print the command and launch files, run nothing"
     )
     flags.no_doctor(p)
@@ -71,7 +79,10 @@ def check_launch(args: argparse.Namespace) -> None:
     program = flags.after_dashes(args.program)
     if not program:
         raise DsclusterError("no script to run; put it after '--': dscluster launch -- train.py")
-    words, _ = program_for(program[0], program[1:], stage=not args.no_stage)
+    if args.workdir is not None:
+        words = _check_workdir(args, program)
+    else:
+        words, _ = program_for(program[0], program[1:], stage=not args.no_stage)
     from ..launch.modes import check_options  # noqa: PLC0415
 
     check_options(
@@ -87,6 +98,31 @@ def check_launch(args: argparse.Namespace) -> None:
     for flag, text in (("--include", args.include), ("--exclude", args.exclude)):
         if text:
             parse_node_specs(text, flag)
+
+
+def _check_workdir(args: argparse.Namespace, program: list[str]) -> list[str]:
+    from ..launch.workdir import project_for  # noqa: PLC0415
+
+    if args.no_stage:
+        raise DsclusterError(
+            "--workdir ships the project and --no-stage runs what is already on the nodes; "
+            "give one of them"
+        )
+    _, rel = project_for(args.workdir, program[0])
+    return [rel, *program[1:]]
+
+
+def _failure(failure: ScriptFailure, err: Console) -> str:
+    """The one line's part for a script error; its error lines go to stderr as a block."""
+    ranks = ",".join(map(str, failure.ranks))
+    text = f", job failed on rank{'s' if len(failure.ranks) > 1 else ''} {ranks} "
+    text += f"({', '.join(failure.hosts)}), every node reachable"
+    if not failure.error_lines:
+        return f"{text}: {failure.why}"
+    err.print(f"first error lines {failure.error_from}:", markup=False, highlight=False)
+    for line in failure.error_lines:
+        err.print(f"    {line}", markup=False, highlight=False, soft_wrap=True)
+    return f"{text}; first error {failure.error_from}: {failure.error_lines[-1].strip()}"
 
 
 def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -105,6 +141,7 @@ def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
         script=program[0],
         args=program[1:],
         stage=not args.no_stage,
+        workdir=args.workdir,
         dry_run=args.dry_run,
         timeout=args.timeout,
         master_port=port,
@@ -121,11 +158,19 @@ def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
     for line in result.log_lines:
         out.print(line, markup=False, highlight=False)
     if result.rc == 0:
-        err.print(f"launch {plan.run_id}: job exited 0; log {result.log_path}", highlight=False)
+        where = f"ran in {plan.job_dir} on {plan.head}"
+        where += f" ({result.project})" if result.project else ""
+        err.print(
+            f"launch {plan.run_id}: job exited 0; log {result.log_path}; {where}",
+            markup=False,
+            highlight=False,
+        )
         return 0
     why = f"exited {result.rc}" + (" (cut at --timeout)" if result.rc in (124, 137) else "")
     lost = result.lost_nodes
-    if lost:
+    if result.failure is not None:
+        why += _failure(result.failure, err)
+    elif lost:
         who = "; ".join(f"{host}: {reason}" for host, reason in lost.items())
         why += f", lost node(s) {', '.join(lost)} ({who})"
     elif result.playbook.failures and not result.log_lines:

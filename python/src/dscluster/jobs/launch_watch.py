@@ -5,10 +5,11 @@ Staged with every job by `dscluster launch`/`smoke` (launch.py) and run by its l
     python launch_watch.py --grace 10 --marker KEY=VALUE --hosts h1,h2 -- LAUNCHER ARGS...
 
 The launcher's output is passed through line by line. A line saying that a node was lost (pdsh:
-"<node>: ssh exited with exit code N", an ssh error, a rank exiting non-zero) starts a grace
-period; if the launcher has not ended by itself when it is over, the watcher ends it (SIGTERM,
-which DeepSpeed's runner answers by killing its remote launchers; SIGKILL to what is left) and
-then kills, on every node still reachable, the processes whose environment carries the
+"<node>: ssh exited with exit code N", an ssh error, a rank killed by a signal) or that a rank
+failed (exited non-zero by itself: it says "a rank failed on <node>") starts a grace period;
+if the launcher has not ended by itself when it is over, the watcher ends it (SIGTERM, which
+DeepSpeed's runner answers by killing its remote launchers; SIGKILL to what is left) and then
+kills, on every node still reachable, the processes whose environment carries the
 marker (the job's ranks and per-node launchers), so ranks waiting in a collective for the lost
 node do not linger until the collective's timeout. SIGTERM to the watcher (the job's time limit)
 ends the job the same way.
@@ -64,6 +65,13 @@ def lost_line(line: str) -> tuple[str, str, bool] | None:
     elif m := MPI_RANK_RE.search(line):
         found = m["host"], f"a rank was killed by signal {m['sig']}", False
     return found
+
+
+def script_error(why: str, unreachable: bool) -> bool:
+    """A rank or a node's launcher that exited by itself (1-128) on a node still reachable:
+    the script's own error, not a lost node (a signal, ssh's 255)."""
+    m = re.search(r"code (-?\d+)$", why)
+    return not unreachable and m is not None and 0 < int(m[1]) <= 128
 
 
 def reap_command(marker: str) -> str:
@@ -130,8 +138,11 @@ class Watch:
                 ended_by_us = True
                 break
             if self.lost_at is not None and time.monotonic() - self.lost_at >= self.args.grace:
+                failed = all(script_error(why, gone) for why, gone in self.lost.values())
                 self.say(
-                    f"ending the launcher {self.args.grace:g} s after losing {', '.join(self.lost)}"
+                    f"ending the launcher {self.args.grace:g} s after "
+                    + ("a rank failed on " if failed else "losing ")
+                    + ", ".join(self.lost)
                 )
                 self._end(proc)
                 ended_by_us = True
@@ -157,8 +168,9 @@ class Watch:
         self.lost[host] = (why, unreachable)
         if self.lost_at is None:
             self.lost_at = time.monotonic()
+            what = "a rank failed on" if script_error(why, unreachable) else "lost node"
             self.say(
-                f"lost node {host} ({why}); the job ends within {self.args.grace:g} s "
+                f"{what} {host} ({why}); the job ends within {self.args.grace:g} s "
                 "unless it ends by itself"
             )
 

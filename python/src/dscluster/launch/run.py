@@ -21,7 +21,8 @@ from ..paths import cache_dir
 from ..runner import PlaybookResult, run_playbook
 from ..util import atomic_write, print_warnings, write_files
 from .render import Plan, build_plan, render_mpi_hostfile
-from .watch import lost_nodes
+from .watch import ScriptFailure, lost_nodes, script_failure
+from .workdir import JOB_FILE_NAMES, PROJECT_TAR, Project, check_names, project_for, write_tar
 
 
 def new_run_id(prefix: str) -> str:
@@ -68,6 +69,9 @@ class JobResult:
     fetched: dict[str, str]  # name -> text of each file fetched besides the log
     lost_nodes: dict[str, str]
     playbook: PlaybookResult
+    project: str = ""  # "N files from DIR" when the job shipped a project (--workdir)
+    # ranks exited non-zero with every node reachable (then lost_nodes is empty)
+    failure: ScriptFailure | None = None
 
 
 def run_job(
@@ -75,13 +79,15 @@ def run_job(
     plan: Plan,
     *,
     stage_files: Mapping[str, pathlib.Path] | None = None,
+    project: Project | None = None,
     fetch: Sequence[str] = (),
     timeout: int = 3600,
     console: Console | None = None,
     playbook: str = "launch.yml",
 ) -> JobResult:
-    """Stage the plan's files (+ stage_files: name -> local path) into the job directory,
-    run launch.sh on the head within `timeout` seconds, fetch the log (+ `fetch`)."""
+    """Stage the plan's files (+ stage_files: name -> local path, + the `project` unpacked
+    from one tarball) into the job directory, run launch.sh on the head within `timeout`
+    seconds, fetch the log (+ `fetch`)."""
     console = console or Console(stderr=True)
     if timeout < 1:
         raise DsclusterError(f"--timeout {timeout}: give the job at least one second, e.g. 600")
@@ -94,6 +100,8 @@ def run_job(
         for name, path in (stage_files or {}).items():
             shutil.copy(path, stage / name)
             entries.append({"name": name, "mode": "0644"})
+        if project is not None:
+            write_tar(project, stage / PROJECT_TAR)
         fetched_dir = stage / "fetched"
         fetched_dir.mkdir()
         result = run_playbook(
@@ -104,6 +112,7 @@ def run_job(
                 "launch_fetch_dir": str(fetched_dir),
                 "launch_job_dir": plan.job_dir,
                 "launch_files": entries,
+                "launch_project_tar": PROJECT_TAR if project is not None else "",
                 "launch_fetch": ["launcher.log", "exit_status", *fetch],
                 "launch_timeout": timeout,
             },
@@ -126,13 +135,17 @@ def run_job(
         if result.rc != 0 and rc == 0:
             rc = 1  # the play failed around a job that did not (staging, fetching)
         lines = log_text.splitlines()
+        cut = rc in (124, 137)  # the time limit ended it: no one rank's failure
+        failure = script_failure(lines, plan.rank_hosts) if rc and not cut else None
         return JobResult(
             rc=rc,
             log_lines=lines,
             log_path=log_path,
             fetched=texts,
-            lost_nodes=lost_nodes(lines, plan.rank_hosts) if rc else {},
+            lost_nodes=lost_nodes(lines, plan.rank_hosts) if rc and failure is None else {},
+            failure=failure,
             playbook=result,
+            project=project.describe() if project is not None else "",
         )
     finally:
         shutil.rmtree(stage, ignore_errors=True)
@@ -180,9 +193,7 @@ def program_for(script: str, args: Sequence[str], *, stage: bool) -> tuple[list[
             f"script {script} not found here; give a local file to stage, or an absolute "
             "path on the nodes with --no-stage"
         )
-    reserved = {"launch.sh", "hostfile", ".deepspeed_env", "mpi_hostfile", "mpi_rank.sh"}
-    reserved |= {"launch_watch.py"}
-    if path.name in reserved | {"torchrun_node.sh", "launcher.log", "exit_status"}:
+    if path.name in JOB_FILE_NAMES:
         raise DsclusterError(f"script name {path.name} is used by dscluster's job files; rename it")
     return [path.name, *args], {path.name: path}
 
@@ -194,6 +205,7 @@ def launch(  # noqa: PLR0913 - the launch command's options, each a keyword
     script: str,
     args: Sequence[str],
     stage: bool = True,
+    workdir: str | None = None,
     dry_run: bool = False,
     timeout: int = 3600,
     master_port: int = DEFAULT_MASTER_PORT,
@@ -206,11 +218,18 @@ def launch(  # noqa: PLR0913 - the launch command's options, each a keyword
     preflight: Callable[[], None] | None = None,
 ) -> tuple[Plan, JobResult | None]:
     """Plan, then (unless dry_run) write the launch files, run `preflight` (doctor) and the
-    job. Everything is checked before anything is written; a dry run writes nothing."""
+    job. Everything is checked before anything is written; a dry run writes nothing.
+    workdir: the project directory shipped with the job and run in (the script relative
+    to it); without it, the script alone is staged (or run in place with stage=False)."""
     out = out or Console()
     console = console or Console(stderr=True)
     files = render_launch_files(inv)
-    program, stage_files = program_for(script, args, stage=stage)
+    project: Project | None = None
+    if workdir is not None:
+        project, rel = project_for(workdir, script)
+        program, stage_files = [rel, *args], dict[str, pathlib.Path]()
+    else:
+        program, stage_files = program_for(script, args, stage=stage)
     plan = plan_for(
         inv,
         files,
@@ -223,9 +242,12 @@ def launch(  # noqa: PLR0913 - the launch command's options, each a keyword
         num_gpus=num_gpus,
         master_port=master_port,
     )
+    if project is not None:
+        check_names(project, [*plan.files, *JOB_FILE_NAMES])
     print_warnings(console, files.warnings)
     if dry_run:
-        out.print(describe(plan), markup=False, highlight=False, end="")
+        shipped = f"# ships {project.describe()}\n" if project is not None else ""
+        out.print(describe(plan) + shipped, markup=False, highlight=False, end="")
         return plan, None
     mpi = write_launch_set(inv, files, launcher)
     if mpi is not None:
@@ -238,5 +260,7 @@ def launch(  # noqa: PLR0913 - the launch command's options, each a keyword
     )
     if preflight is not None:
         preflight()
-    result = run_job(inv, plan, stage_files=stage_files, timeout=timeout, console=console)
+    result = run_job(
+        inv, plan, stage_files=stage_files, project=project, timeout=timeout, console=console
+    )
     return plan, result

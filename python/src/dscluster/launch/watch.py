@@ -1,9 +1,11 @@
-"""Reading a launch's log: which node was lost and why (launcher, pdsh, ssh, mpirun lines)."""
+"""Reading a launch's log: which node was lost and why (launcher, pdsh, ssh, mpirun lines),
+or, when every node stayed reachable, which ranks the script failed on and its error lines."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from ..jobs.launch_watch import (
     MPI_LOST_DAEMON_RE,
@@ -18,9 +20,28 @@ from ..jobs.launch_watch import (
 # "  Process name: [[27718,1],2]" then "  Exit code:    3": the first rank that failed.
 MPI_PROCESS_RE = re.compile(r"^\s*Process name: \[\[\d+,\d+\],(?P<rank>\d+)\]")
 MPI_EXIT_CODE_RE = re.compile(r"^\s*Exit code:\s+(?P<code>-?\d+)")
+# torchrun's ChildFailedError summary names each failed rank before its exit code:
+#   "node2:   rank      : 1 (local_rank: 0)" then "node2:   exitcode  : 1 (pid: 77)"
+TORCHRUN_RANK_RE = re.compile(r"^(?P<host>[^:\s]+):\s+rank\s*:\s*(?P<rank>\d+) \(local_rank")
+# Who wrote a line, after pdsh's "host: ": torch's own "[rank3]:" (or torchrun's
+# --log-line-prefix-template '[rank${rank}]:'), torchrun --tee's "[default1]:" (role and local
+# rank), mpirun --tag-output's "[1,3]<stderr>:" (OpenMPI 5 adds a space).
+RANK_TAG_RE = re.compile(
+    r"^(?:\[rank(?P<rank>\d+)\]:|\[(?P<role>[A-Za-z_]\w*?)(?P<local>\d+)\]:"
+    r"|\[\d+,(?P<mpi>\d+)\]<std(?:out|err)>:)"
+)
+TRACEBACK = "Traceback (most recent call last):"
+# launch_watch.py's own lines: a node lost; the launcher ended by it (what follows is its kill).
+WATCH_LOST = "dscluster: lost node "
+WATCH_ENDED = "dscluster: ending the launcher "
+# Frames of a launcher's own traceback (torchrun's agent, DeepSpeed's runner), not the script's.
+LAUNCHER_FRAME_RE = re.compile(
+    r'File ".*(?:/bin/torchrun|/torch/distributed/run\.py|/deepspeed/launcher/)'
+)
+ERROR_LINES = 5
 
 
-def lost_nodes(log_lines: Sequence[str], rank_hosts: Sequence[str] = ()) -> dict[str, str]:  # noqa: C901 - one branch per launcher log pattern (pdsh, ssh, torchrun, mpirun)
+def lost_nodes(log_lines: Sequence[str], rank_hosts: Sequence[str] = ()) -> dict[str, str]:
     """Nodes the launcher log shows lost, with why, in the order the log shows them.
 
     rank_hosts: the host of each global rank (mpirun names a failed rank, not its node).
@@ -31,6 +52,14 @@ def lost_nodes(log_lines: Sequence[str], rank_hosts: Sequence[str] = ()) -> dict
     return code, or a remote exit above 128): ranks on other nodes then fail in a collective
     with a plain error. Otherwise the nodes whose ranks exited non-zero, the first one first.
     """
+    unreachable, signalled, ranks = classify(log_lines, rank_hosts)
+    return unreachable or signalled or ranks
+
+
+def classify(  # noqa: C901 - one branch per launcher log pattern (pdsh, ssh, torchrun, mpirun)
+    log_lines: Sequence[str], rank_hosts: Sequence[str] = ()
+) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """(unreachable, signalled, exited) nodes, each host -> why, in the log's order."""
     unreachable: dict[str, str] = {}
     signalled: dict[str, str] = {}
     ranks: dict[str, str] = {}
@@ -68,4 +97,138 @@ def lost_nodes(log_lines: Sequence[str], rank_hosts: Sequence[str] = ()) -> dict
             signalled.setdefault(m["host"], why)
         elif m := PDSH_EXIT_RE.match(line):
             ranks.setdefault(m["host"], f"remote command exited with code {m['code']}")
-    return unreachable or signalled or ranks
+    return unreachable, signalled, ranks
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptFailure:
+    """Ranks exited non-zero and every node stayed reachable: the script's own error.
+
+    ranks: the failed global ranks (a node's every rank where the launcher names only the
+    node: DeepSpeed's, pdsh's); hosts: their nodes; why: the first node's exit, as classify
+    says it; error_from: whose error lines these are ("of rank 0 (n1)", "on n1", "in the
+    log" when the output names no rank or node: mpirun without --tag-output);
+    error_lines: the end of its last traceback (at most ERROR_LINES lines)."""
+
+    ranks: list[int]
+    hosts: list[str]
+    why: str
+    error_from: str = ""
+    error_lines: list[str] = dataclasses.field(default_factory=list)
+
+
+def split_prefix(line: str, hosts: Iterable[str]) -> tuple[str | None, int | None, int | None, str]:
+    """(pdsh host, global rank, local rank, text) of one log line; None where not tagged."""
+    host = None
+    head, sep, rest = line.partition(": ")
+    if sep and head in hosts:
+        host, line = head, rest
+    rank = local = None
+    if m := RANK_TAG_RE.match(line):
+        if m["rank"] is not None or m["mpi"] is not None:
+            rank = int(m["rank"] if m["rank"] is not None else m["mpi"])
+        else:
+            local = int(m["local"])
+        line = line[m.end() :]
+        # torch's own tag and OpenMPI 5's add a space: a traceback's indents are even
+        if (len(line) - len(line.lstrip(" "))) % 2:
+            line = line[1:]
+    return host, rank, local, line
+
+
+def _traceback_at(lines: Sequence[str], start: int) -> list[str]:
+    """The frame lines and exception line of the traceback starting after lines[start]
+    (3.11's ^^^ markers left out); [] when it does not end in an exception line."""
+    block: list[str] = []
+    for text in lines[start + 1 :]:
+        if text.startswith((" ", "\t")):
+            if not set(text.strip()) <= set("^~"):
+                block.append(text.rstrip())
+            continue
+        if block and text.strip():
+            block.append(text.rstrip())  # the exception line ends the traceback
+        break
+    return block if block and not block[-1].startswith((" ", "\t")) else []
+
+
+def last_error(lines: Sequence[str]) -> list[str]:
+    """The end of the last traceback of the script in `lines` (a launcher's own, e.g.
+    torchrun's ChildFailedError, left out): at most ERROR_LINES lines, the exception last."""
+    for start in reversed([i for i, text in enumerate(lines) if text.strip() == TRACEBACK]):
+        block = _traceback_at(lines, start)
+        launcher = any(LAUNCHER_FRAME_RE.search(text) for text in block)
+        if block and not launcher and "ChildFailedError" not in block[-1]:
+            return block[-ERROR_LINES:]
+    return []
+
+
+def _failed_ranks(
+    log_lines: Sequence[str], rank_hosts: Sequence[str], exited: dict[str, str]
+) -> list[int]:
+    """The failed global ranks: exact where the log says (torchrun's summary, mpirun's
+    verdict), else every rank of a node whose launcher reported a failure."""
+    exact: set[int] = set()
+    exact_hosts: set[str] = set()
+    for line in log_lines:
+        if m := TORCHRUN_RANK_RE.match(line):
+            exact.add(int(m["rank"]))
+            exact_hosts.add(m["host"])
+        elif (m := MPI_PROCESS_RE.match(line)) and int(m["rank"]) < len(rank_hosts):
+            exact.add(int(m["rank"]))
+            exact_hosts.add(rank_hosts[int(m["rank"])])
+    for rank, host in enumerate(rank_hosts):
+        if host in exited and host not in exact_hosts:
+            exact.add(rank)
+    return sorted(exact)
+
+
+def _error_of(
+    log_lines: Sequence[str], rank_hosts: Sequence[str], ranks: Sequence[int]
+) -> tuple[str, list[str]]:
+    """The first failed rank with a traceback, by the most exact attribution the log has:
+    a rank tag, then its node's lines, then the whole (untagged) log."""
+    hosts = set(rank_hosts)
+    first_rank = {h: rank_hosts.index(h) for h in hosts}
+    by_rank: dict[int, list[str]] = {}
+    by_host: dict[str, list[str]] = {}
+    untagged: list[str] = []
+    for line in log_lines:
+        host, rank, local, text = split_prefix(line, hosts)
+        if rank is None and local is not None and host is not None:
+            rank = first_rank[host] + local
+        if rank is not None:
+            by_rank.setdefault(rank, []).append(text)
+        if host is not None:
+            by_host.setdefault(host, []).append(text)
+        elif rank is None:
+            untagged.append(text)
+    for rank in ranks:
+        if lines := last_error(by_rank.get(rank, [])):
+            return f"of rank {rank} ({rank_hosts[rank]})", lines
+    for host in dict.fromkeys(rank_hosts[r] for r in ranks):
+        if lines := last_error(by_host.get(host, [])):
+            only = [r for r, h in enumerate(rank_hosts) if h == host]
+            return (f"of rank {only[0]} ({host})" if len(only) == 1 else f"on {host}"), lines
+    lines = last_error(untagged)
+    return ("in the log", lines) if lines else ("", [])
+
+
+def script_failure(
+    log_lines: Sequence[str], rank_hosts: Sequence[str] = ()
+) -> ScriptFailure | None:
+    """The script's failure when ranks exited non-zero and no node was lost (unreachable,
+    ended by a signal, launch_watch's "lost node"); None otherwise (lost_nodes then names
+    the nodes). What the log shows after launch_watch ended the launcher (ranks it killed on
+    the other nodes) is its doing, not theirs."""
+    end = next((i for i, t in enumerate(log_lines) if t.startswith(WATCH_ENDED)), None)
+    log_lines = log_lines[:end]
+    if any(line.startswith(WATCH_LOST) for line in log_lines):
+        return None
+    unreachable, signalled, exited = classify(log_lines, rank_hosts)
+    if unreachable or signalled or not exited:
+        return None
+    ranks = _failed_ranks(log_lines, rank_hosts, exited)
+    hosts = list(dict.fromkeys([*(rank_hosts[r] for r in ranks), *exited]))
+    error_from, lines = _error_of(log_lines, rank_hosts, ranks)
+    first = next(iter(exited))
+    return ScriptFailure(ranks, hosts, f"{first}: {exited[first]}", error_from, lines)

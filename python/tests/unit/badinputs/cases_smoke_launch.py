@@ -21,6 +21,14 @@ def _write(rel: str, data: bytes):
     return setup
 
 
+def _link(rel: str, target: str):
+    def setup(home: pathlib.Path) -> None:
+        (home / rel).parent.mkdir(parents=True, exist_ok=True)
+        (home / rel).symlink_to(target)
+
+    return setup
+
+
 def _ports(prefix: list[str], tail: list[str], tag: str) -> list[Case]:
     return [
         Case(f"{tag}-port-{name}", [*prefix, "--master-port", value, *tail], value, fix)
@@ -451,5 +459,38 @@ CASES = [
         ["sbatch", "--launcher", "accelerate", "--accelerate-config-kind", "fsdp", *RUN],
         "--accelerate-config-kind fsdp",
         "--accelerate-config-kind ddp",
+    ),
+    # launch --workdir
+    Case(
+        "launch-workdir-file",
+        ["launch", *INV, "--workdir", "train.py", *RUN],
+        "--workdir train.py",
+        "--workdir .",
+    ),
+    Case(
+        "launch-workdir-script-outside",
+        ["launch", *INV, "--workdir", "adir", "--", "../train.py"],
+        "../train.py",
+        "relative to the directory",
+    ),
+    Case(
+        "launch-workdir-job-file",
+        ["launch", *INV, "--workdir", "adir", "--", "inside.txt"],
+        "launch.sh",
+        "rename it",
+        setup=_write("adir/launch.sh", b"#!/bin/sh\n"),
+    ),
+    Case(
+        "launch-workdir-link-out",
+        ["launch", *INV, "--workdir", "adir", "--", "inside.txt"],
+        "leak",
+        "copy the file in",
+        setup=_link("adir/leak", "../train.py"),
+    ),
+    Case(
+        "launch-workdir-no-stage",
+        ["launch", *INV, "--workdir", "adir", "--no-stage", "--", "/opt/inside.txt"],
+        "--no-stage",
+        "give one of them",
     ),
 ]

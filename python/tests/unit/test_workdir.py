@@ -1,0 +1,193 @@
+"""`dscluster launch --workdir DIR`: which files of the project travel (.gitignore, .git,
+symlinks, size), the tarball, the refusals before anything runs, and the job it stages."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import tarfile
+
+import pytest
+
+from dscluster.errors import DsclusterError
+from dscluster.launch import run as launch_run
+from dscluster.launch import workdir
+from dscluster.runner import PlaybookResult
+
+from .clirun import run_cli, run_main
+
+
+def make_project(root: pathlib.Path) -> pathlib.Path:
+    files = {
+        "train.py": "print('train')\n",
+        "ds_config.json": "{}\n",
+        "src/model.py": "X = 1\n",
+        "src/__pycache__/model.cpython-312.pyc": "junk",
+        "data/shard0.bin": "big",
+        "ckpt.pt": "weights",
+        "sub/.gitignore": "!keep.pt\nlocal/\n",
+        "sub/keep.pt": "kept",
+        "sub/local/x.txt": "ignored below sub",
+        ".git/HEAD": "ref: refs/heads/main\n",
+        ".gitignore": "__pycache__/\ndata/\n*.pt\n",
+    }
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    (root / "run.sh").write_text("#!/bin/sh\n")
+    (root / "run.sh").chmod(0o755)
+    (root / "src" / "alias.py").symlink_to("model.py")
+    return root
+
+
+def test_project_follows_nested_gitignores_and_leaves_git_out(tmp_path):
+    project = workdir.scan(str(make_project(tmp_path / "proj")))
+    assert sorted(project.entries) == [
+        ".gitignore",
+        "ds_config.json",
+        "run.sh",
+        "src/alias.py",
+        "src/model.py",
+        "sub/.gitignore",
+        "sub/keep.pt",
+        "train.py",
+    ]
+    assert project.describe() == f"8 files from {(tmp_path / 'proj').resolve()}"
+
+
+def test_tarball_is_deterministic_with_modes_and_inner_links(tmp_path):
+    project = workdir.scan(str(make_project(tmp_path / "proj")))
+    a, b = tmp_path / "a.tar", tmp_path / "b.tar"
+    workdir.write_tar(project, a)
+    workdir.write_tar(project, b)
+    assert hashlib.sha256(a.read_bytes()).digest() == hashlib.sha256(b.read_bytes()).digest()
+    with tarfile.open(a) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        assert members["run.sh"].mode == 0o755
+        assert members["train.py"].mode == 0o644
+        assert members["src"].isdir()
+        assert members["src/alias.py"].issym() and members["src/alias.py"].linkname == "model.py"
+        assert {m.uid for m in members.values()} == {0}
+        tar.extractall(tmp_path / "job", filter="tar")
+    assert (tmp_path / "job" / "src" / "alias.py").read_text() == "X = 1\n"
+    assert os.access(tmp_path / "job" / "run.sh", os.X_OK)
+
+
+def test_symlink_out_of_the_project_is_refused(tmp_path):
+    root = make_project(tmp_path / "proj")
+    (tmp_path / "secret").write_text("s")
+    (root / "src" / "leak.txt").symlink_to(tmp_path / "secret")
+    with pytest.raises(DsclusterError, match=r"src/leak.txt links to .*secret, outside"):
+        workdir.scan(str(root))
+    # ... unless .gitignore leaves it out
+    (root / ".gitignore").write_text("src/leak.txt\n")
+    assert "src/leak.txt" not in workdir.scan(str(root)).entries
+
+
+def test_oversized_project_names_its_biggest_files(tmp_path, monkeypatch):
+    root = make_project(tmp_path / "proj")
+    (root / "weights.bin").write_bytes(b"\0" * (3 * 2**20))
+    monkeypatch.setattr(workdir, "MAX_PROJECT_BYTES", 2**20)
+    with pytest.raises(DsclusterError) as exc:
+        workdir.scan(str(root))
+    msg = str(exc.value)
+    assert "\n" not in msg
+    assert "3 MiB of files, over the 1 MiB" in msg
+    assert "biggest: weights.bin (3 MiB)" in msg
+    assert ".gitignore" in msg
+
+
+def test_script_must_be_a_project_file(tmp_path):
+    root = make_project(tmp_path / "proj")
+    project, rel = workdir.project_for(str(root), "src/model.py")
+    assert rel == "src/model.py"
+    assert workdir.script_in(project, str(root), str(root / "train.py")) == "train.py"
+    for script in ("missing.py", "ckpt.pt", "../outside.py", str(tmp_path / "x.py")):
+        with pytest.raises(DsclusterError, match="not a file of the project"):
+            workdir.script_in(project, str(root), script)
+
+
+def test_job_file_names_collide(tmp_path):
+    root = make_project(tmp_path / "proj")
+    (root / "hostfile").write_text("mine\n")
+    with pytest.raises(DsclusterError, match="hostfile is a name dscluster's job files use"):
+        workdir.project_for(str(root), "train.py")
+    (root / "hostfile").unlink()
+    project = workdir.scan(str(root))
+    with pytest.raises(DsclusterError, match="src is a name"):
+        workdir.check_names(project, ["src"])
+
+
+def test_cli_refuses_before_anything_runs(tmp_path, inventory_dir):
+    root = make_project(tmp_path / "proj")
+    base = ["launch", "-i", str(inventory_dir), "--workdir"]
+    cases = [
+        ([str(root / "train.py"), "--", "train.py"], "not a directory"),
+        ([str(root), "--", "nope.py"], "not a file of the project"),
+        ([str(root), "--no-stage", "--", "/opt/train.py"], "--no-stage"),
+    ]
+    for argv, message in cases:
+        rc, _, err = run_main(*base, *argv)
+        assert rc == 2, err
+        assert err.count("\n") == 1 and message in err, err
+    assert not (inventory_dir / "logs").exists()
+
+
+def test_dry_run_runs_the_script_relative_to_the_project(tmp_path, inventory_dir):
+    root = make_project(tmp_path / "proj")
+    rc, out, err = run_cli(
+        "launch", "-i", str(inventory_dir), "--workdir", str(root), "--dry-run",
+        "--", "train.py", "--deepspeed", "ds_config.json",
+    )  # fmt: skip
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[1].endswith(" train.py --deepspeed ds_config.json")
+    assert lines[-1] == f"# ships 8 files from {root.resolve()}"
+
+
+def test_launch_stages_the_tarball_and_reports_where_it_ran(tmp_path, inventory_dir, monkeypatch):
+    root = make_project(tmp_path / "proj")
+    seen = {}
+
+    def fake_playbook(playbook, inv, *, extravars, **kw):
+        stage = pathlib.Path(extravars["launch_stage_dir"])
+        seen.update(extravars)
+        with tarfile.open(stage / extravars["launch_project_tar"]) as tar:
+            seen["names"] = sorted(tar.getnames())
+        fetched = pathlib.Path(extravars["launch_fetch_dir"])
+        (fetched / "launcher.log").write_text("node-a: train\n")
+        (fetched / "exit_status").write_text("0\n")
+        return PlaybookResult(status="successful", rc=0, hosts={}, failures=[])
+
+    monkeypatch.setattr(launch_run, "run_playbook", fake_playbook)
+    rc, _, err = run_cli(
+        "launch", "-i", str(inventory_dir), "--workdir", str(root), "--no-doctor",
+        "--", "train.py", "--deepspeed", "ds_config.json",
+    )  # fmt: skip
+    assert rc == 0, err
+    assert seen["launch_project_tar"] == workdir.PROJECT_TAR
+    assert "src/model.py" in seen["names"] and "ckpt.pt" not in seen["names"]
+    assert not {f["name"] for f in seen["launch_files"]} & set(seen["names"])
+    job_dir = seen["launch_job_dir"]
+    assert job_dir.rsplit("/", 1)[1].startswith("launch-")
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("launch launch-") and "job exited 0; log " in line
+    assert line.endswith(f"; ran in {job_dir} on node-a (8 files from {root.resolve()})")
+
+
+def test_without_workdir_only_the_script_is_staged(tmp_path, inventory_dir, monkeypatch):
+    script = make_project(tmp_path / "proj") / "train.py"
+    seen = {}
+
+    def fake_playbook(playbook, inv, *, extravars, **kw):
+        seen.update(extravars)
+        (pathlib.Path(extravars["launch_fetch_dir"]) / "exit_status").write_text("0\n")
+        return PlaybookResult(status="successful", rc=0, hosts={}, failures=[])
+
+    monkeypatch.setattr(launch_run, "run_playbook", fake_playbook)
+    rc, _, err = run_cli("launch", "-i", str(inventory_dir), "--no-doctor", "--", str(script))
+    assert rc == 0, err
+    assert seen["launch_project_tar"] == ""
+    assert "train.py" in {f["name"] for f in seen["launch_files"]}
+    assert err.strip().splitlines()[-1].endswith(f"; ran in {seen['launch_job_dir']} on node-a")
