@@ -129,6 +129,7 @@ def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
     from ..doctor import preflight  # noqa: PLC0415
     from ..inventory import load, master_port  # noqa: PLC0415
     from ..launch import launch  # noqa: PLC0415
+    from ..launch.modes import plan_options  # noqa: PLC0415
 
     program = flags.after_dashes(args.program)
     if not program:
@@ -149,6 +150,12 @@ def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
         exclude=args.exclude,
         num_nodes=args.num_nodes,
         num_gpus=args.num_gpus,
+        mode_options=plan_options(
+            args.launcher,
+            accelerate_config=args.accelerate_config,
+            accelerate_config_kind=args.accelerate_config_kind,
+            gaudi_spawn=args.gaudi_spawn,
+        ),
         out=out,
         console=err,
         preflight=preflight(inv, master_port=port, console=err, what="launch", skip=args.no_doctor),

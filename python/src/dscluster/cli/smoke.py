@@ -9,7 +9,6 @@ from rich.console import Console
 
 from .. import validate
 from ..errors import DsclusterError
-from ..launch import LAUNCHERS
 from . import flags
 
 
@@ -57,7 +56,7 @@ def register(sub) -> None:
     )
     flags.launcher(
         smoke,
-        LAUNCHERS,
+        ("deepspeed", "torchrun", "mpi"),  # the smoke job is a DeepSpeed script
         default="deepspeed",
         help="deepspeed (pdsh), torchrun (c10d, one agent per node over pdsh) or mpi (mpirun)",
     )

@@ -173,7 +173,10 @@ def describe(plan: Plan) -> str:
         f"from {plan.head} in {plan.job_dir}",
         plan.command,
     ]
-    for name in ("hostfile", "mpi_hostfile", "torchrun_node.sh", "mpi_rank.sh"):
+    shown = ("hostfile", "mpi_hostfile", "gaudi_hostfile", "torchrun_node.sh", "mpi_rank.sh")
+    shown += ("ds_rank.sh", "accelerate_node.sh", "accelerate_config.yaml")
+    shown += ("accelerate_config.json",)
+    for name in shown:
         if name in plan.files:
             parts += [f"# --- {name}", plan.files[name][0].rstrip("\n")]
     return "\n".join(parts) + "\n"
@@ -213,6 +216,7 @@ def launch(  # noqa: PLR0913 - the launch command's options, each a keyword
     exclude: str = "",
     num_nodes: int | None = None,
     num_gpus: int | None = None,
+    mode_options: tuple[Mapping[str, str], Mapping[str, pathlib.Path]] = ({}, {}),
     out: Console | None = None,
     console: Console | None = None,
     preflight: Callable[[], None] | None = None,
@@ -220,7 +224,9 @@ def launch(  # noqa: PLR0913 - the launch command's options, each a keyword
     """Plan, then (unless dry_run) write the launch files, run `preflight` (doctor) and the
     job. Everything is checked before anything is written; a dry run writes nothing.
     workdir: the project directory shipped with the job and run in (the script relative
-    to it); without it, the script alone is staged (or run in place with stage=False)."""
+    to it); without it, the script alone is staged (or run in place with stage=False).
+    mode_options: build_plan's keywords for the launcher's own options and the local files
+    they stage (launch.modes.plan_options)."""
     out = out or Console()
     console = console or Console(stderr=True)
     files = render_launch_files(inv)
@@ -230,6 +236,8 @@ def launch(  # noqa: PLR0913 - the launch command's options, each a keyword
         program, stage_files = [rel, *args], dict[str, pathlib.Path]()
     else:
         program, stage_files = program_for(script, args, stage=stage)
+    mode_kwargs, mode_files = mode_options
+    stage_files = {**stage_files, **mode_files}
     plan = plan_for(
         inv,
         files,
@@ -241,6 +249,7 @@ def launch(  # noqa: PLR0913 - the launch command's options, each a keyword
         num_nodes=num_nodes,
         num_gpus=num_gpus,
         master_port=master_port,
+        **mode_kwargs,
     )
     if project is not None:
         check_names(project, [*plan.files, *JOB_FILE_NAMES])

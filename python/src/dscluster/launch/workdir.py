@@ -32,6 +32,12 @@ JOB_FILE_NAMES = frozenset(
         "mpi_rank.sh",
         "launch_watch.py",
         "torchrun_node.sh",
+        "ds_rank.sh",
+        "accelerate_node.sh",
+        "accelerate_config.yaml",
+        "accelerate_config.json",
+        "gaudi_hostfile",
+        "gaudi_spawn.py",
         "launcher.log",
         "exit_status",
     }
