@@ -92,8 +92,10 @@ def build_config(  # noqa: PLR0913 - one keyword per DeepSpeed config knob the c
     grad_accum: int = 1,
     lr: float = 1e-4,
     nvme_buffer_size: int = 100_000_000,
+    hf: bool = False,
 ) -> dict[str, Any]:
-    """The DeepSpeed config (a pure function of its arguments)."""
+    """The DeepSpeed config (a pure function of its arguments); `hf`: in the HF Trainer's
+    form (hf_form)."""
     if zero not in ZERO_STAGES:
         raise DsclusterError(f"--zero {zero} is not a ZeRO stage; use 1, 2 or 3")
     if offload not in OFFLOADS:
@@ -177,7 +179,57 @@ def build_config(  # noqa: PLR0913 - one keyword per DeepSpeed config knob the c
         }
     if offload == "nvme":
         config["aio"] = dict(AIO)
-    return config
+    return hf_form(config) if hf else config
+
+
+# Where the HF Trainer's form of a config (the HF DeepSpeed guide's examples) says "auto":
+# the Trainer fills these from its TrainingArguments (transformers' HfTrainerDeepSpeedConfig).
+HF_AUTO_KEYS = (
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "gradient_clipping",
+)
+HF_AUTO_ZERO3 = (
+    "reduce_bucket_size",
+    "stage3_prefetch_bucket_size",
+    "stage3_param_persistence_threshold",
+)
+
+
+def hf_form(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The config as the HF Trainer takes it: the batch, clipping, optimizer and scheduler
+    values, the precision switches and ZeRO-3's model-size buckets "auto" (the Trainer fills
+    them from its own arguments and the model), ZeRO stage, offload and checkpoints as built."""
+    hf = json.loads(json.dumps(config))
+    for key in HF_AUTO_KEYS:
+        hf[key] = "auto"
+    hf["optimizer"]["params"] = dict.fromkeys(("lr", "betas", "eps", "weight_decay"), "auto")
+    hf["scheduler"] = {
+        "type": "WarmupLR",
+        "params": dict.fromkeys(("warmup_min_lr", "warmup_max_lr", "warmup_num_steps"), "auto"),
+    }
+    # Both switches: the Trainer turns on the one its --bf16 / --fp16 asks for.
+    fp16 = hf.pop("fp16", None) or {
+        "loss_scale": 0,
+        "loss_scale_window": 1000,
+        "initial_scale_power": 16,
+        "hysteresis": 2,
+        "min_loss_scale": 1,
+    }
+    hf["fp16"] = {**fp16, "enabled": "auto"}
+    hf["bf16"] = {"enabled": "auto"}
+    zero = hf["zero_optimization"]
+    if zero["stage"] == 3:
+        zero.update(dict.fromkeys(HF_AUTO_ZERO3, "auto"))
+    return hf
+
+
+def auto_keys(config: Any, prefix: str = "") -> list[str]:
+    """The dotted keys whose value is "auto" (the HF Trainer's form)."""
+    if isinstance(config, dict):
+        return [k for key, v in config.items() for k in auto_keys(v, f"{prefix}{key}.")]
+    return [prefix[:-1]] if config == "auto" else []
 
 
 def check_nvme_path(nvme_path: str, paths: storage.Paths) -> None:
@@ -284,19 +336,40 @@ def judge(  # noqa: C901 - one branch per check result the config is judged on
                     else " although the recorded GPU models suggested it; use --precision fp16"
                 )
             )
-        notes.append(
-            f"DeepSpeed (torch {val.get('torch')}) accepts it: ZeRO-{val.get('zero_stage')}, "
-            f"train_batch_size {val.get('train_batch_size')} = {val.get('micro_batch')} x "
-            f"{val.get('grad_accum')} x world, optimizer offload {val.get('offload_optimizer')}, "
-            f"param offload {val.get('offload_param')}, "
-            + ("bf16" if val.get("bf16") else "fp16" if val.get("fp16") else "fp32")
-            + f", use_node_local_storage {val.get('use_node_local_storage')}"
-        )
+        notes += _accepted(val)
     return problems, notes
 
 
-def default_out(inv: Inventory, zero: int, offload: str) -> pathlib.Path:
-    suffix = "" if offload == "none" else f"_{offload}"
+def _accepted(val: Mapping[str, Any]) -> list[str]:
+    """The notes on a config DeepSpeed accepted (and the "auto" values filled to check it)."""
+    notes: list[str] = []
+    filled = val.get("auto_filled") or []
+    if filled:
+        notes.append(
+            f'{len(filled)} "auto" value(s) filled as the HF Trainer would with its default '
+            "arguments (per-device batch 1, no accumulation) for the check: " + ", ".join(filled)
+        )
+    notes.append(
+        f"DeepSpeed (torch {val.get('torch')}) accepts it: ZeRO-{val.get('zero_stage')}, "
+        f"train_batch_size {val.get('train_batch_size')} = {val.get('micro_batch')} x "
+        f"{val.get('grad_accum')} x world, optimizer offload {val.get('offload_optimizer')}, "
+        f"param offload {val.get('offload_param')}, "
+        + (
+            "precision from the Trainer's --bf16/--fp16"
+            if {"bf16.enabled", "fp16.enabled"} & set(filled)
+            else "bf16"
+            if val.get("bf16")
+            else "fp16"
+            if val.get("fp16")
+            else "fp32"
+        )
+        + f", use_node_local_storage {val.get('use_node_local_storage')}"
+    )
+    return notes
+
+
+def default_out(inv: Inventory, zero: int, offload: str, *, hf: bool = False) -> pathlib.Path:
+    suffix = ("" if offload == "none" else f"_{offload}") + ("_hf" if hf else "")
     return inv.directory / "dsconfig" / f"ds_config_zero{zero}{suffix}.json"
 
 
@@ -360,6 +433,7 @@ def run_dsconfig(  # noqa: PLR0913 - the dsconfig command's options, each a keyw
     nvme_buffer_size: int = 100_000_000,
     out: pathlib.Path | None = None,
     check: bool = True,
+    hf: bool = False,
     console: Console | None = None,
 ) -> tuple[pathlib.Path, dict[str, Any], list[str]]:
     """Build, check on the cluster and write the config; (path, config, notes)."""
@@ -390,6 +464,7 @@ def run_dsconfig(  # noqa: PLR0913 - the dsconfig command's options, each a keyw
         grad_accum=grad_accum,
         lr=lr,
         nvme_buffer_size=nvme_buffer_size,
+        hf=hf,
     )
     notes = [
         f"{len(hosts)} nodes, {world_size} ranks, {accelerator}; precision {chosen}"
@@ -397,6 +472,12 @@ def run_dsconfig(  # noqa: PLR0913 - the dsconfig command's options, each a keyw
         f"storage {paths.kind}: checkpoints in {paths.checkpoint_dir}"
         + (" (one shared directory)" if paths.shared else " (node-local, use_node_local_storage)"),
     ]
+    if hf:
+        notes.append(
+            'HF Trainer form: batch, clipping, optimizer, scheduler and precision are "auto"; '
+            f"pass --deepspeed <this file>{' --' + chosen if chosen != 'fp32' else ''} and your "
+            "batch and learning-rate arguments to the Trainer"
+        )
     if check:
         results = check_on_cluster(
             inv, config, hosts=hosts, world_size=world_size, nvme_path=nvme, console=console
@@ -416,6 +497,6 @@ def run_dsconfig(  # noqa: PLR0913 - the dsconfig command's options, each a keyw
                 f"{len(problems)} problem(s), nothing written: " + " | ".join(problems)
             )
         notes += more
-    target = out or default_out(inv, zero, offload)
+    target = out or default_out(inv, zero, offload, hf=hf)
     atomic_write(target, json.dumps(config, indent=2, allow_nan=False) + "\n")
     return target, config, notes

@@ -3,11 +3,21 @@ checkpoint settings, and the judgement of the on-cluster checks (pure parts)."""
 
 from __future__ import annotations
 
+import json
+import sys
+import types
+import typing
+
 import pytest
 
 from dscluster import dsconfig, storage
 from dscluster.errors import DsclusterError
 from dscluster.hostfile import NodeFacts
+from dscluster.jobs import dsconfig_check
+from dscluster.smoke.run import checked_ds_config
+
+from .clirun import run_cli
+from .facts import write_facts
 
 SHARED = storage.paths({"dscluster_shared_storage": "nfs"})
 LOCAL = storage.paths({"dscluster_shared_storage": "none"})
@@ -233,3 +243,174 @@ def test_judge_memlock_below_the_swap_buffers_names_node_and_size():
     assert "locked-memory limit unknown (ssh: connect to host n3" in n3
     # without NVMe param offload nothing is locked and memlock is not judged
     assert judge(results, offload="cpu")[0] == []
+
+
+# The HF DeepSpeed guide's ZeRO-3 example (its "auto" values; NVMe paths as given there).
+HF_GUIDE_ZERO3 = {
+    "fp16": {
+        "enabled": "auto",
+        "loss_scale": 0,
+        "loss_scale_window": 1000,
+        "initial_scale_power": 16,
+        "hysteresis": 2,
+        "min_loss_scale": 1,
+    },
+    "optimizer": {
+        "type": "AdamW",
+        "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"},
+    },
+    "scheduler": {
+        "type": "WarmupLR",
+        "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": "auto"},
+    },
+    "zero_optimization": {
+        "stage": 3,
+        "offload_optimizer": {"device": "cpu", "pin_memory": True},
+        "offload_param": {"device": "cpu", "pin_memory": True},
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "sub_group_size": 1e9,
+        "reduce_bucket_size": "auto",
+        "stage3_prefetch_bucket_size": "auto",
+        "stage3_param_persistence_threshold": "auto",
+        "stage3_max_live_parameters": 1e9,
+        "stage3_max_reuse_distance": 1e9,
+        "stage3_gather_16bit_weights_on_model_save": True,
+    },
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+    "steps_per_print": 2000,
+    "train_batch_size": "auto",
+    "train_micro_batch_size_per_gpu": "auto",
+    "wall_clock_breakdown": False,
+}
+
+
+def test_hf_form_says_auto_where_the_hf_guide_does():
+    cfg = build(offload="cpu", hf=True)
+    assert set(dsconfig.auto_keys(cfg)) == {*dsconfig.auto_keys(HF_GUIDE_ZERO3), "bf16.enabled"}
+    # what only the cluster knows stays as built: ZeRO stage, offload, checkpoints
+    plain = build(offload="cpu")
+    assert cfg["zero_optimization"]["offload_param"] == plain["zero_optimization"]["offload_param"]
+    assert cfg["zero_optimization"]["stage"] == 3
+    assert cfg["checkpoint"] == plain["checkpoint"]
+    assert cfg["fp16"]["initial_scale_power"] == 16
+    stage2 = build(zero=2, hf=True)
+    assert stage2["zero_optimization"]["reduce_bucket_size"] == 200_000_000  # ZeRO-3's only
+    assert stage2["train_batch_size"] == "auto" and stage2["bf16"] == {"enabled": "auto"}
+
+
+def test_fill_auto_as_the_trainer_with_default_arguments():
+    values = dsconfig_check.hf_auto_values(world_size=3)
+    for cfg in (HF_GUIDE_ZERO3, build(offload="cpu", hf=True, world_size=3)):
+        filled, keys, unknown = dsconfig_check.fill_auto(cfg, values)
+        assert unknown == [] and dsconfig.auto_keys(filled) == []
+        assert set(keys) == set(dsconfig.auto_keys(cfg))
+        assert filled["train_batch_size"] == 3 * 1 * 1
+        assert filled["train_micro_batch_size_per_gpu"] == 1
+        assert filled["optimizer"]["params"]["betas"] == [0.9, 0.999]
+        assert filled["fp16"]["enabled"] is False
+        assert filled["zero_optimization"]["reduce_bucket_size"] == 1024 * 1024
+        assert filled["zero_optimization"]["stage3_max_live_parameters"] == 1e9  # untouched
+    odd = {"train_batch_size": 8, "zero_optimization": {"stage": 2, "round_robin": "auto"}}
+    _, keys, unknown = dsconfig_check.fill_auto(odd, values)
+    assert (keys, unknown) == ([], ["zero_optimization.round_robin"])
+
+
+class _FakeConfig:
+    seen: typing.ClassVar[list] = []
+
+    def __init__(self, config, mpu=None):
+        self.seen.append(config)
+        zero = types.SimpleNamespace(offload_optimizer=None, offload_param=None)
+        self.zero_config = zero
+        self.zero_optimization_stage = config["zero_optimization"]["stage"]
+        self.train_batch_size = config["train_batch_size"]
+        self.train_micro_batch_size_per_gpu = config["train_micro_batch_size_per_gpu"]
+        self.gradient_accumulation_steps = config["gradient_accumulation_steps"]
+        self.bfloat16_config = types.SimpleNamespace(enabled=config.get("bf16", {}).get("enabled"))
+        self.float16_config = types.SimpleNamespace(enabled=config.get("fp16", {}).get("enabled"))
+        self.aio_config = {}
+        self.use_node_local_storage = False
+        self.checkpoint_tag_validation_fail = True
+        if (
+            mpu.get_data_parallel_world_size()
+            * self.train_micro_batch_size_per_gpu
+            * (self.gradient_accumulation_steps)
+            != self.train_batch_size
+        ):
+            raise AssertionError("train_batch_size is not micro x accum x world")
+
+
+@pytest.fixture
+def fake_deepspeed(monkeypatch):
+    """Just enough of torch and DeepSpeed for dsconfig_check.validate, DeepSpeedConfig
+    recording what it was given (neither is installed where the unit tests run)."""
+    dist = types.SimpleNamespace(is_initialized=lambda: True)
+    mods = {
+        "torch": types.SimpleNamespace(__version__="2.13.0", distributed=dist),
+        "torch.distributed": dist,
+        "deepspeed": types.SimpleNamespace(init_distributed=lambda **kw: None),
+        "deepspeed.runtime": types.SimpleNamespace(),
+        "deepspeed.runtime.config": types.SimpleNamespace(DeepSpeedConfig=_FakeConfig),
+        "deepspeed.accelerator": types.SimpleNamespace(get_accelerator=None),
+    }
+    for name, mod in mods.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    _FakeConfig.seen = []
+    return _FakeConfig.seen
+
+
+def test_validate_fills_auto_before_deepspeed_sees_it(tmp_path, fake_deepspeed):
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(build(offload="cpu", hf=True, world_size=3)))
+    out = dsconfig_check.validate(str(path), 3)
+    assert out["ok"], out
+    assert "train_batch_size" in out["auto_filled"] and "bf16.enabled" in out["auto_filled"]
+    assert dsconfig.auto_keys(fake_deepspeed[0]) == []
+    assert out["train_batch_size"] == 3
+    # a plain config goes through as it is
+    path.write_text(json.dumps(build(world_size=3)))
+    out = dsconfig_check.validate(str(path), 3)
+    assert out["ok"] and out["auto_filled"] == []
+    # an "auto" the Trainer does not fill is named, DeepSpeed never called
+    path.write_text(json.dumps({**build(world_size=3), "steps_per_print": "auto"}))
+    out = dsconfig_check.validate(str(path), 3)
+    assert not out["ok"] and out["error"].startswith('steps_per_print "auto"')
+    assert len(fake_deepspeed) == 2
+
+
+def test_judge_notes_the_filled_auto_values():
+    results = {h: good(h == "n1") for h in ("n1", "n2", "n3")}
+    results["n1"]["validate"]["auto_filled"] = ["train_batch_size", "bf16.enabled"]
+    problems, notes = judge(results)
+    assert problems == []
+    assert notes[0].startswith('2 "auto" value(s) filled as the HF Trainer would')
+    assert notes[0].endswith(": train_batch_size, bf16.enabled")
+    assert "precision from the Trainer's --bf16/--fp16" in notes[1]
+
+
+def test_dsconfig_hf_writes_the_trainer_form(inventory_dir):
+    write_facts(inventory_dir / "facts", "node-c", kind="cuda", count=2)  # one kind
+    rc, out, err = run_cli(
+        "dsconfig", "-i", str(inventory_dir), "--zero", "3", "--hf", "--no-check"
+    )
+    assert rc == 0, err
+    path = inventory_dir / "dsconfig" / "ds_config_zero3_hf.json"
+    assert out.strip() == f"wrote {path}"
+    cfg = json.loads(path.read_text())
+    assert cfg["train_micro_batch_size_per_gpu"] == "auto"
+    assert cfg["zero_optimization"]["stage3_prefetch_bucket_size"] == "auto"
+    assert 'HF Trainer form: batch, clipping, optimizer, scheduler and precision are "auto"' in err
+
+
+def test_smoke_refuses_an_auto_config(tmp_path):
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(HF_GUIDE_ZERO3))
+    with pytest.raises(DsclusterError) as exc:
+        checked_ds_config(path)
+    msg = str(exc.value)
+    assert '"auto" values (fp16.enabled, optimizer.params.lr, optimizer.params.betas and ' in msg
+    assert "the smoke job does not" in msg and "without --hf" in msg
+    path.write_text(json.dumps(build()))
+    assert checked_ds_config(path) == path

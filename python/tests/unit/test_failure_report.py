@@ -62,7 +62,8 @@ def test_deepspeed_script_error_on_every_rank_is_not_a_lost_node():
     assert failure is not None
     assert failure.ranks == [0, 1, 2]
     assert failure.hosts == ["n1", "n2", "n3"]
-    assert failure.error_from == "of rank 0 (n1)"
+    # the node whose failure the log shows first
+    assert failure.error_from == "of rank 1 (n2)"
     # the last five lines: frames (3.11's ^^^ markers left out), then the exception
     assert failure.error_lines == [
         '  File "/shared/dscluster/jobs/launch-1/train.py", line 31, in main',
@@ -72,6 +73,22 @@ def test_deepspeed_script_error_on_every_rank_is_not_a_lost_node():
         "    config_class = DeepSpeedConfig(config, mpu, mesh_device=mesh_device)",
         ERR,
     ]
+
+
+def test_the_first_failure_is_shown_not_the_peers_it_broke():
+    victim = [
+        "n1: Traceback (most recent call last):",
+        'n1:   File "/shared/dscluster/jobs/launch-1/train.py", line 20, in <module>',
+        "n1:     dist.all_reduce(t)",
+        "n1: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed "
+        "by peer [10.0.0.3]:41234",
+        "n1: [x] [ERROR] [launch.py:325:sigkill_handler] ['python'] exits with return code = 1",
+    ]
+    failure = script_failure([*ds_rank("n3", 301), *victim], HOSTS)
+    assert failure is not None
+    assert (failure.ranks, failure.error_from) == ([0, 2], "of rank 2 (n3)")
+    assert failure.error_lines[-1] == ERR
+    assert failure.why == "n3: a rank exited with code 1"
 
 
 def test_a_lost_node_stays_a_lost_node():

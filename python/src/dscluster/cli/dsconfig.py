@@ -31,20 +31,20 @@ def register(sub) -> None:
     p.add_argument(
         "--micro-batch",
         type=validate.count_type(1, 1 << 20, "a batch size per rank", 1, flag="--micro-batch"),
-        default=1,
+        default=None,
         help="per rank (default 1)",
     )
     p.add_argument(
         "--grad-accum",
         type=validate.count_type(1, 1 << 20, "a step count", 1, flag="--grad-accum"),
-        default=1,
-        help="gradient accumulation steps",
+        default=None,
+        help="gradient accumulation steps (default 1)",
     )
     p.add_argument(
         "--lr",
         type=validate.real_type(0, 10, "a learning rate", "1e-4", lo_open=True, flag="--lr"),
-        default=1e-4,
-        help="AdamW learning rate",
+        default=None,
+        help="AdamW learning rate (default 1e-4)",
     )
     p.add_argument(
         "--nvme-path",
@@ -65,6 +65,12 @@ def register(sub) -> None:
         action="store_true",
         help="write without running DeepSpeed's config check and the node checks",
     )
+    p.add_argument(
+        "--hf",
+        action="store_true",
+        help='the HF Trainer\'s form: batch, optimizer, scheduler and precision "auto", '
+        "filled by the Trainer from its own arguments (transformers' DeepSpeed integration)",
+    )
     p.add_argument("--print", action="store_true", help="also print the config on stdout")
     p.set_defaults(func=cmd_dsconfig, check=check_dsconfig)
 
@@ -75,6 +81,21 @@ def check_dsconfig(args: argparse.Namespace) -> None:
         raise DsclusterError(
             f"--zero {stages}: a config has one ZeRO stage; write one per stage "
             "(dscluster smoke --zero takes a list and runs them all)"
+        )
+    given = [
+        flag
+        for flag, value in (
+            ("--micro-batch", args.micro_batch),
+            ("--grad-accum", args.grad_accum),
+            ("--lr", args.lr),
+        )
+        if value is not None
+    ]
+    if args.hf and given:
+        raise DsclusterError(
+            f"--hf with {', '.join(given)}: the HF Trainer fills the batch and the learning "
+            'rate ("auto") from its own arguments (--per_device_train_batch_size, '
+            "--gradient_accumulation_steps, --learning_rate); drop " + ", ".join(given) + " or --hf"
         )
     if args.nvme_path is not None:
         if args.offload != "nvme":
@@ -99,13 +120,14 @@ def cmd_dsconfig(args: argparse.Namespace, out: Console, err: Console) -> int:
         zero=args.zero[0],
         offload=args.offload,
         precision=args.precision,
-        micro_batch=args.micro_batch,
-        grad_accum=args.grad_accum,
-        lr=args.lr,
+        micro_batch=args.micro_batch or 1,
+        grad_accum=args.grad_accum or 1,
+        lr=args.lr or 1e-4,
         nvme_path=args.nvme_path,
         nvme_buffer_size=args.nvme_buffer_size,
         out=args.out,
         check=not args.no_check,
+        hf=args.hf,
         console=err,
     )
     for note in notes:

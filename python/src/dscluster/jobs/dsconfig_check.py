@@ -12,7 +12,9 @@ Prints one JSON object:
              the cluster's data-parallel world size: {"ok", "error", "zero_stage",
              "train_batch_size", "micro_batch", "grad_accum", "bf16", "fp16",
              "offload_optimizer", "offload_param", "aio", "use_node_local_storage",
-             "bf16_supported"}
+             "bf16_supported", "auto_filled"}; a config in the HF Trainer's form ("auto"
+             values, `dscluster dsconfig --hf`) is checked with the values the Trainer would
+             put there (hf_auto_values), the keys filled listed in auto_filled
   memlock:   (with --memlock-hosts, on the head) `ulimit -l` each host gives a session opened
              the way DeepSpeed's launcher opens ranks (pdsh -R ssh as the training user), in
              bytes, -1 for unlimited: {"bytes": {host: n}, "errors": {host: text}}
@@ -111,6 +113,61 @@ def memlock(hosts: list[str], timeout: int = 10) -> dict:
     return {"bytes": found, "errors": errors}
 
 
+# What transformers' HfTrainerDeepSpeedConfig puts where a config says "auto"
+# (trainer_config_process / trainer_config_finalize), for TrainingArguments' defaults but the
+# batch: per-device batch 1, no accumulation (dscluster dsconfig's own defaults); the
+# model-size values (ZeRO-3 buckets) for a hidden size of HF_HIDDEN_SIZE; the scheduler's
+# total steps, which the Trainer computes from the data, HF_TOTAL_STEPS.
+HF_HIDDEN_SIZE = 1024
+HF_TOTAL_STEPS = 1000
+
+
+def hf_auto_values(world_size: int, micro_batch: int = 1, grad_accum: int = 1) -> dict:
+    """Dotted key -> the value the Trainer fills for "auto" (defaults as above)."""
+    lr, hidden = 5e-5, HF_HIDDEN_SIZE
+    return {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": grad_accum,
+        "train_batch_size": world_size * micro_batch * grad_accum,
+        "gradient_clipping": 1.0,
+        "optimizer.params.lr": lr,
+        "optimizer.params.betas": [0.9, 0.999],
+        "optimizer.params.eps": 1e-8,
+        "optimizer.params.weight_decay": 0.0,
+        "scheduler.params.warmup_min_lr": 0,
+        "scheduler.params.warmup_max_lr": lr,
+        "scheduler.params.warmup_num_steps": 0,
+        "scheduler.params.total_num_steps": HF_TOTAL_STEPS,
+        "fp16.enabled": False,
+        "bf16.enabled": False,
+        "amp.enabled": False,
+        "amp.opt_level": "O1",
+        "zero_optimization.reduce_bucket_size": hidden * hidden,
+        "zero_optimization.stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
+        "zero_optimization.stage3_param_persistence_threshold": 10 * hidden,
+    }
+
+
+def fill_auto(config: dict, values: dict) -> tuple[dict, list[str], list[str]]:
+    """(a copy with every "auto" the Trainer fills replaced from `values`, the dotted keys
+    filled, the dotted keys left "auto" that the Trainer does not fill)."""
+    filled: list[str] = []
+    unknown: list[str] = []
+
+    def walk(node, prefix: str):
+        if isinstance(node, dict):
+            return {k: walk(v, f"{prefix}{k}.") for k, v in node.items()}
+        key = prefix[:-1]
+        if node == "auto":
+            if key in values:
+                filled.append(key)
+                return values[key]
+            unknown.append(key)
+        return node
+
+    return walk(config, ""), filled, unknown
+
+
 class _DataParallel:
     """The one thing DeepSpeedConfig asks an mpu: the data-parallel world size."""
 
@@ -141,7 +198,16 @@ def validate(config_path: str, world_size: int) -> dict:
                     backend="gloo", store=tdist.HashStore(), rank=0, world_size=1
                 )
             deepspeed.init_distributed(dist_backend="gloo")
-            cfg = DeepSpeedConfig(config_path, mpu=_DataParallel(world_size))
+            with open(config_path) as fh:
+                raw = json.load(fh)
+            config, filled, unknown = fill_auto(raw, hf_auto_values(world_size))
+            if unknown:
+                out["error"] = (
+                    f'{", ".join(unknown)} "auto": the HF Trainer fills no such key; give a value'
+                )
+                return out
+            out["auto_filled"] = filled
+            cfg = DeepSpeedConfig(config, mpu=_DataParallel(world_size))
         except Exception as exc:
             out["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
             return out

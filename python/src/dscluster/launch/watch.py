@@ -170,7 +170,7 @@ def _failed_ranks(
     exact: set[int] = set()
     exact_hosts: set[str] = set()
     for line in log_lines:
-        if m := TORCHRUN_RANK_RE.match(line):
+        if (m := TORCHRUN_RANK_RE.match(line)) and int(m["rank"]) < len(rank_hosts):
             exact.add(int(m["rank"]))
             exact_hosts.add(m["host"])
         elif (m := MPI_PROCESS_RE.match(line)) and int(m["rank"]) < len(rank_hosts):
@@ -185,7 +185,7 @@ def _failed_ranks(
 def _error_of(
     log_lines: Sequence[str], rank_hosts: Sequence[str], ranks: Sequence[int]
 ) -> tuple[str, list[str]]:
-    """The first failed rank with a traceback, by the most exact attribution the log has:
+    """The first of `ranks` with a traceback, by the most exact attribution the log has:
     a rank tag, then its node's lines, then the whole (untagged) log."""
     hosts = set(rank_hosts)
     first_rank = {h: rank_hosts.index(h) for h in hosts}
@@ -229,6 +229,9 @@ def script_failure(
         return None
     ranks = _failed_ranks(log_lines, rank_hosts, exited)
     hosts = list(dict.fromkeys([*(rank_hosts[r] for r in ranks), *exited]))
-    error_from, lines = _error_of(log_lines, rank_hosts, ranks)
+    # The node whose failure the log shows first is the likeliest cause: the others' ranks
+    # may have failed only because its ranks left (a collective's peer gone).
     first = next(iter(exited))
+    order = sorted(ranks, key=lambda r: (rank_hosts[r] != first, r))
+    error_from, lines = _error_of(log_lines, rank_hosts, order)
     return ScriptFailure(ranks, hosts, f"{first}: {exited[first]}", error_from, lines)

@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 
 from .. import storage
-from ..dsconfig import OFFLOADS, ZERO_STAGES
+from ..dsconfig import OFFLOADS, ZERO_STAGES, auto_keys
 from ..errors import DsclusterError
 from ..hostfile import render_launch_files
 from ..inventory import DEFAULT_MASTER_PORT, Inventory
@@ -157,6 +157,14 @@ def checked_ds_config(path: pathlib.Path) -> pathlib.Path:
     if not isinstance(config, dict) or not isinstance(config.get("zero_optimization", {}), dict):
         raise DsclusterError(
             f"--ds-config {path} is not a DeepSpeed config; write one with 'dscluster dsconfig'"
+        )
+    auto = auto_keys(config)
+    if auto:
+        more = f" and {len(auto) - 3} more" if len(auto) > 3 else ""
+        raise DsclusterError(
+            f'--ds-config {path} has "auto" values ({", ".join(auto[:3])}{more}), which the HF '
+            "Trainer fills and the smoke job does not; write one with 'dscluster dsconfig' "
+            "without --hf"
         )
     return path
 

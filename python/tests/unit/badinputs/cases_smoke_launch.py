@@ -493,4 +493,24 @@ CASES = [
         "--no-stage",
         "give one of them",
     ),
+    # dsconfig --hf, and the HF form's "auto" where the smoke job reads a config
+    Case(
+        "dsconfig-hf-micro-batch",
+        ["dsconfig", *INV, "--hf", "--micro-batch", "4"],
+        "--micro-batch",
+        "--per_device_train_batch_size",
+    ),
+    Case(
+        "dsconfig-hf-lr",
+        ["dsconfig", *INV, "--hf", "--lr", "1e-5"],
+        "--lr",
+        "--learning_rate",
+    ),
+    Case(
+        "smoke-ds-config-auto",
+        ["smoke", *INV, "--ds-config", "hf.json"],
+        "train_batch_size",
+        "without --hf",
+        setup=_write("hf.json", b'{"train_batch_size": "auto", "zero_optimization": {"stage": 2}}'),
+    ),
 ]
