@@ -3,7 +3,10 @@
 # and printed as a table.
 #   1. make demo cold (BENCH_COLD=1: node images and wheelhouse removed first) and warm
 #   2. re-converge of site.yml on the provisioned cluster (and its changed count)
-#   3. time from launch to the first training step: ops pre-built (the cluster venv) vs
+#   3. a user requirement added to the provisioned cluster (the wheelhouse's user layer: the
+#      DeepSpeed build must not run) and removed again; per-node install of the base layer
+#      with pip vs uv (install_bench.py on the head, a fresh venv each)
+#   4. time from launch to the first training step: ops pre-built (the cluster venv) vs
 #      JIT-compiled at launch (a throwaway venv on the head with a DeepSpeed built without ops)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +41,32 @@ t0=$(now)
 $BIN/dscluster provision -i inventories/local >"$OUT/$stamp-reconverge.log" 2>&1
 R[reconverge_s]=$(elapsed "$t0" "$(now)")
 R[reconverge_changed]=$(grep -oE 'provisioned [0-9]+ hosts, [0-9]+ changes' "$OUT/$stamp-reconverge.log" | grep -oE '[0-9]+ changes' | grep -oE '[0-9]+')
+
+echo "== user layer: a pinned transformers added, then removed"
+gv=inventories/local/group_vars/all.yml
+mkdir -p "$(dirname "$gv")"
+gv_before=$(cat "$gv" 2>/dev/null || true)
+$BIN/python - "$gv" <<'PY'
+import pathlib, sys, yaml
+path = pathlib.Path(sys.argv[1])
+data = (yaml.safe_load(path.read_text()) if path.exists() else None) or {}
+data["ml_stack_extra_requirements"] = ["transformers==5.23.0"]
+path.write_text("---\n" + yaml.safe_dump(data, sort_keys=True))
+PY
+t0=$(now)
+$BIN/dscluster provision -i inventories/local >"$OUT/$stamp-add-requirement.log" 2>&1
+R[add_requirement_s]=$(elapsed "$t0" "$(now)")
+R[add_requirement_deepspeed_builds]=$(grep -c "Build the DeepSpeed wheel" "$OUT/$stamp-add-requirement.log" || true)
+if [ -n "$gv_before" ]; then printf '%s\n' "$gv_before" >"$gv"; else rm -f "$gv"; fi
+t0=$(now)
+$BIN/dscluster provision -i inventories/local >"$OUT/$stamp-remove-requirement.log" 2>&1
+R[remove_requirement_s]=$(elapsed "$t0" "$(now)")
+
+echo "== per-node install of the base layer: pip vs uv (head, fresh venvs)"
+docker exec dsc-local-n1 bash -c 'wh=/shared/dscluster/wheelhouse; [ -f $wh/requirements.lock ] || wh=/opt/dscluster/wheelhouse; /usr/bin/python3 /opt/dscluster/bin/install_bench.py $wh' \
+  >"$OUT/$stamp-install.json" 2>"$OUT/$stamp-install.log"
+R[install_pip_s]=$($BIN/python -c "import json,sys; print(json.load(open(sys.argv[1]))['pip_s'])" "$OUT/$stamp-install.json")
+R[install_uv_s]=$($BIN/python -c "import json,sys; print(json.load(open(sys.argv[1]))['uv_s'])" "$OUT/$stamp-install.json")
 
 echo "== first-step latency: pre-built ops vs JIT at launch (1 rank on the head)"
 head=dsc-local-n1

@@ -4,6 +4,8 @@ Slurm's under `srun`). A small GPT-2 built from its config on synthetic data mad
 
     dscluster launch -i INV --launcher torchrun --workdir examples/lightning -- \\
         train.py --devices 2 --nodes 3
+    dscluster launch -i INV --launcher deepspeed --workdir examples/lightning -- \\
+        train.py --devices 2 --nodes 3
     dscluster sbatch -i INV --launcher srun --nodes 3 --slots 2 -- train.py --devices 2 --nodes 3
 
 Every rank prints one `RESULT {...}` line: the world size Lightning itself sees
@@ -57,6 +59,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=4, help="per process")
     parser.add_argument("--lr", type=float, default=3e-3)
+    # DeepSpeed's launcher passes --local_rank=N to every script (LOCAL_RANK is in the env too).
+    parser.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     L.seed_everything(0)

@@ -2,12 +2,32 @@
 
 from __future__ import annotations
 
+import json
 import pathlib
+import subprocess
 
 import pytest
+import yaml
 
 from .. import rolefiles
 from .e2e_cluster import NAME, NODES, REUSE, docker, dsc
+
+# Distributions whose version and install time user_stack compares before and after.
+STACK = ("torch", "deepspeed", "transformers", "accelerate", "lightning")
+_VERSIONS = """
+import importlib.metadata as md, json, sys
+out = {}
+for name in sys.argv[1:]:
+    try:
+        dist = md.distribution(name)
+    except md.PackageNotFoundError:
+        out[name] = "absent"
+        continue
+    records = [f for f in dist.files or () if f.name == "RECORD"]
+    mtime = dist.locate_file(records[0]).stat().st_mtime_ns if records else 0
+    out[name] = f"{dist.version} {mtime}"
+print(json.dumps(out))
+"""
 
 
 @pytest.fixture(scope="session")
@@ -31,3 +51,33 @@ def cluster() -> pathlib.Path:
 def pytest_collection_modifyitems(config, items):
     """Tests marked `disruptive` (they stop nodes) run after every other test."""
     items.sort(key=lambda item: item.get_closest_marker("disruptive") is not None)
+
+
+def stack_versions(cluster: pathlib.Path) -> dict[str, dict[str, str]]:
+    """host -> distribution -> "version RECORD-mtime" in the cluster venv ("absent" if none)."""
+    found = {}
+    for i in range(1, NODES + 1):
+        host = f"{NAME}-n{i}"
+        venv = json.loads((cluster / "facts" / f"{host}.json").read_text())["venv"]
+        out = subprocess.run(
+            ["docker", "exec", f"dsc-{host}", f"{venv}/bin/python", "-c", _VERSIONS, *STACK],
+            capture_output=True, text=True, check=True, timeout=120,
+        ).stdout  # fmt: skip
+        found[host] = json.loads(out)
+    return found
+
+
+@pytest.fixture(scope="session")
+def user_stack(cluster: pathlib.Path):
+    """The example projects' requirements (examples/requirements.txt) added to the provisioned
+    cluster as the wheelhouse's user layer: (the provision run, versions before, after).
+    Left in place for the rest of the session (test_e2e_slurm's Lightning job uses it)."""
+    before = stack_versions(cluster)
+    path = cluster / "group_vars" / "all.yml"
+    data = (yaml.safe_load(path.read_text()) if path.exists() else None) or {}
+    data["ml_stack_requirements_file"] = str(rolefiles.REPO / "examples" / "requirements.txt")
+    path.parent.mkdir(exist_ok=True)
+    path.write_text("---\n" + yaml.safe_dump(data, sort_keys=True))
+    proc = dsc("provision", "-i", str(cluster), timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    return proc, before, stack_versions(cluster)

@@ -87,14 +87,59 @@ def test_accelerate_ddp_with_the_generated_config(cluster: pathlib.Path, user_st
     assert {r["distributed_type"] for r in ranks} == {"MULTI_CPU"}  # the CPU cluster's DDP
 
 
-def test_lightning_ddp_under_torchrun(cluster: pathlib.Path, user_stack):
+def test_accelerate_fsdp_refused_on_cpu_nodes_before_anything_runs(cluster: pathlib.Path):
+    """Accelerate turns FSDP on only for GPU-like devices: on these CPU nodes an FSDP config
+    would train plain DDP without a word, so the generated one is refused up front."""
+    proc = launch(
+        cluster, "--launcher", "accelerate", "--accelerate-config-kind", "fsdp",
+        "--workdir", str(EXAMPLES / "accelerate"), "--", "train.py", timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--accelerate-config-kind fsdp" in lines[0], lines
+    assert "--accelerate-config-kind ddp" in lines[0]
+    assert "Stage the job" not in proc.stdout + proc.stderr  # no playbook ran
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
+def test_lightning_ddp(cluster: pathlib.Path, user_stack, launcher: str):
+    """torchrun gives Lightning its environment; under the deepspeed launcher ds_rank.sh adds
+    the NODE_RANK/GROUP_RANK it reads (without them every rank was global rank 0, a hang)."""
     per_node = set(slots(cluster).values())
     assert len(per_node) == 1
     proc = launch(
-        cluster, "--launcher", "torchrun", "--workdir", str(EXAMPLES / "lightning"), "--",
+        cluster, "--launcher", launcher, "--workdir", str(EXAMPLES / "lightning"), "--",
         "train.py", "--devices", str(per_node.pop()), "--nodes", str(NODES),
         "--accelerator", "cpu",
     )  # fmt: skip
     ranks = assert_every_slot_trained(proc, cluster, "lightning")
-    assert {r["cluster_environment"] for r in ranks} == {"TorchElasticEnvironment"}
     assert sorted(r["node_rank"] for r in ranks) == list(range(NODES))
+
+
+def test_script_error_is_a_failed_job_not_a_lost_node(
+    cluster: pathlib.Path, tmp_path: pathlib.Path, user_stack
+):
+    """The issue's case: a project whose config the script reads by a relative path, shipped
+    with --workdir (it was not, and every rank failed), then a script that raises on every
+    rank: the job failed on those ranks, every node reachable, with the error shown."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "conf.json").write_text('{"fail": true}')
+    (project / ".gitignore").write_text("big.bin\n")
+    (project / "big.bin").write_bytes(b"x" * 1024)
+    (project / "train.py").write_text(
+        "import json, os, sys\n"
+        "conf = json.load(open(sys.argv[1]))  # relative: the job runs in the project\n"
+        "assert not os.path.exists('big.bin'), 'ignored file shipped'\n"
+        "if conf['fail']:\n"
+        "    raise ValueError('bad learning rate in ' + sys.argv[1])\n"
+    )
+    proc = launch(cluster, "--launcher", "torchrun", "--workdir", str(project), "--",
+                  "train.py", "conf.json", timeout=300)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    world = sum(slots(cluster).values())
+    ranks = ",".join(str(r) for r in range(world))
+    assert f"job failed on ranks {ranks} (" in line and "every node reachable" in line, line
+    assert "ValueError: bad learning rate in conf.json" in line, line
+    assert "lost node" not in line

@@ -227,6 +227,42 @@ def test_generated_sbatch_script_runs_the_deepspeed_job(
     assert report["checks"]["checksums_agree"] is True
 
 
+def test_lightning_under_sbatch_srun(cluster: pathlib.Path, tmp_path: pathlib.Path, user_stack):
+    """Seed 003's Lightning form: `srun python train.py --devices S --nodes N` with one Slurm
+    task per slot; Lightning takes its ranks from Slurm (SLURMEnvironment) and must count
+    every task, on every node, and its loss must fall."""
+    ivars = inventory_vars(cluster)
+    job_dir = (
+        f"{ivars.get('dscluster_shared_dir', '/shared')}/sbatch-lightning-{uuid.uuid4().hex[:6]}"
+    )
+    script = tmp_path / "lightning.sbatch"
+    gen = dsc(
+        "sbatch", "--launcher", "srun", "--nodes", str(NODES), "--slots", "1",
+        "--job-name", "e2e-lightning", "--time", "10:00", "--chdir", job_dir,
+        "--slurm-output", f"{job_dir}/%x-%j.out", "-i", str(cluster), "-o", str(script),
+        "--", f"{job_dir}/train.py", "--devices", "1", "--nodes", str(NODES),
+        "--accelerator", "cpu",
+    )  # fmt: skip
+    assert gen.returncode == 0, gen.stderr
+    example = rolefiles.REPO / "examples" / "lightning" / "train.py"
+    try:
+        docker("exec", HEAD, "install", "-d", "-o", "ds", "-m", "0755", job_dir)
+        docker("cp", str(script), f"{HEAD}:{job_dir}/job.sbatch")
+        docker("cp", str(example), f"{HEAD}:{job_dir}/train.py")
+        docker("exec", HEAD, "chown", "ds", f"{job_dir}/job.sbatch", f"{job_dir}/train.py")
+        state = submit_and_wait(f"{job_dir}/job.sbatch", timeout=600)
+        output = on_head("bash", "-c", f"cat {job_dir}/*.out").stdout
+    finally:
+        docker("exec", HEAD, "rm", "-rf", job_dir)
+    assert state == ("COMPLETED", "0:0"), f"{state}\n{output[-3000:]}"
+    ranks = [json.loads(m[1]) for m in re.finditer(r"RESULT (\{.*\})", output)]
+    assert sorted(r["rank"] for r in ranks) == list(range(NODES)), output[-3000:]
+    assert {r["world_size"] for r in ranks} == {NODES}  # Lightning's own count
+    assert {r["cluster_environment"] for r in ranks} == {"SLURMEnvironment"}
+    assert {r["host"] for r in ranks} == set(HOSTS)
+    assert all(r["last_loss"] < r["first_loss"] for r in ranks), ranks
+
+
 def test_slurm_play_again_changes_nothing(cluster: pathlib.Path, slurm_switch):
     slurm_switch(True)
     proc = dsc("provision", "-i", str(cluster), "--playbook", "slurm.yml", timeout=600)
