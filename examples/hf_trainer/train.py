@@ -16,6 +16,7 @@ import socket
 import sys
 
 import torch
+from accelerate import PartialState
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
@@ -54,8 +55,6 @@ def deepspeed_on_cpu() -> list[str]:
     """
     if torch.cuda.is_available() or "--deepspeed" not in sys.argv:
         return []
-    from accelerate import PartialState
-
     os.environ.pop("ACCELERATE_USE_CPU", None)
     os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
     PartialState(backend="gloo")

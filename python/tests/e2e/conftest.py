@@ -58,7 +58,7 @@ def stack_versions(cluster: pathlib.Path) -> dict[str, dict[str, str]]:
     found = {}
     for i in range(1, NODES + 1):
         host = f"{NAME}-n{i}"
-        venv = json.loads((cluster / "facts" / f"{host}.json").read_text())["venv"]
+        venv = json.loads((cluster / "facts" / f"{host}.json").read_text())["versions"]["venv"]
         out = subprocess.run(
             ["docker", "exec", f"dsc-{host}", f"{venv}/bin/python", "-c", _VERSIONS, *STACK],
             capture_output=True, text=True, check=True, timeout=120,

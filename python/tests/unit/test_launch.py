@@ -567,6 +567,20 @@ def test_accelerate_config_kinds_in_accelerates_format():
     for kind in ("deepspeed", "fsdp"):
         with pytest.raises(DsclusterError, match=f"--accelerate-config-kind {kind}: .*ddp"):
             accel_plan(accelerate_config_kind=kind, accelerators=cpu)
+    # the user's own FSDP/DeepSpeed config likewise (seed 003's FSDP file), MULTI_GPU accepted
+    for kind in ("FSDP", "DEEPSPEED"):
+        with pytest.raises(DsclusterError, match=f"distributed_type {kind} does not run on CPU"):
+            accel_plan(
+                accelerate_config=f"distributed_type: {kind}\n",
+                accelerate_config_name="accelerate_config.yaml",
+                accelerators=cpu,
+            )
+    gpu_style = accel_plan(
+        accelerate_config="distributed_type: MULTI_GPU\n",
+        accelerate_config_name="accelerate_config.yaml",
+        accelerators=cpu,
+    )
+    assert gpu_style.files["accelerate_config.yaml"][0] == "distributed_type: MULTI_GPU\n"
     # every key is one of accelerate's ClusterConfig fields (config_args.py)
     known = {
         "compute_environment", "debug", "distributed_type", "downcast_bf16", "gpu_ids",

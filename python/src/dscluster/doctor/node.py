@@ -22,6 +22,9 @@ VERSION_FIELDS = (
     "synapseai",
     "libfabric",
     "lock_sha256",
+    # the wheelhouse's user layer (ml_stack_extra_requirements / ml_stack_requirements_file)
+    "user_layer_key",
+    "user_lock_sha256",
 )
 RDMA_PROFILES = {"efa", "ib", "roce"}
 

@@ -143,6 +143,19 @@ def parse_config(text: str, name: str) -> dict[str, Any]:
     return data
 
 
+def check_cpu_config(config: Mapping[str, Any], name: str) -> None:
+    """A user's config on CPU-only nodes: FSDP and DeepSpeed would not run as configured
+    (module doc), so they are refused rather than trained as something else."""
+    kind = str(config.get("distributed_type", "")).upper()
+    if kind in ("FSDP", "DEEPSPEED"):
+        instead = "plain DDP" if kind == "FSDP" else "each rank alone"
+        raise DsclusterError(
+            f"--accelerate-config {name}: distributed_type {kind} does not run on CPU-only "
+            f"nodes (accelerate would train {instead}); "
+            "use distributed_type: MULTI_GPU here (dscluster's CPU profile makes it gloo DDP)"
+        )
+
+
 def extra_args(config: Mapping[str, Any], world_size: int) -> list[str]:
     """What `accelerate launch` needs besides the config to start every rank (module doc)."""
     if str(config.get("distributed_type", "")).upper() == "MULTI_CPU" and world_size > 1:

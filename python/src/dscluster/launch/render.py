@@ -492,6 +492,8 @@ def _accelerate_files(
     kinds = {job.accelerators.get(h, "cpu") for h in job.resources}
     if config_text:
         config = accelerate.parse_config(config_text, config_name)
+        if kinds == {"cpu"}:
+            accelerate.check_cpu_config(config, config_name)
     else:
         config_name = accelerate.CONFIG_NAME
         config_text = accelerate.render_config(

@@ -166,6 +166,20 @@ def write_launch_set(inv: Inventory, files: LaunchFiles, launcher: str) -> pathl
     return mpi
 
 
+# The launch files a dry run shows, when the plan stages them.
+DESCRIBED_FILES = (
+    "hostfile",
+    "mpi_hostfile",
+    "gaudi_hostfile",
+    "torchrun_node.sh",
+    "mpi_rank.sh",
+    "ds_rank.sh",
+    "accelerate_node.sh",
+    "accelerate_config.yaml",
+    "accelerate_config.json",
+)
+
+
 def describe(plan: Plan) -> str:
     """The dry run: the head's command, then every launch file it uses."""
     parts = [
@@ -173,10 +187,7 @@ def describe(plan: Plan) -> str:
         f"from {plan.head} in {plan.job_dir}",
         plan.command,
     ]
-    shown = ("hostfile", "mpi_hostfile", "gaudi_hostfile", "torchrun_node.sh", "mpi_rank.sh")
-    shown += ("ds_rank.sh", "accelerate_node.sh", "accelerate_config.yaml")
-    shown += ("accelerate_config.json",)
-    for name in shown:
+    for name in DESCRIBED_FILES:
         if name in plan.files:
             parts += [f"# --- {name}", plan.files[name][0].rstrip("\n")]
     return "\n".join(parts) + "\n"
