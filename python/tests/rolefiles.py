@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import json
+import os
 import pathlib
+import subprocess
+import sys
 import types
+from collections.abc import Mapping
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 ROLES = REPO / "roles"
@@ -34,3 +39,37 @@ def load(role: str, filename: str) -> types.ModuleType:
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
+
+
+def run_local_play(
+    playbook: pathlib.Path,
+    extravars: Mapping,
+    tag: str,
+    *,
+    env: Mapping[str, str] | None = None,
+) -> tuple[int, dict | None, str]:
+    """ansible-playbook on localhost (connection local, the repo's ansible.cfg, plain output):
+    its rc, the JSON a task printed after `tag ` (None when none did), and the output.
+    env: the environment to start from (default os.environ)."""
+    full = dict(os.environ if env is None else env)
+    full |= {
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "ANSIBLE_STDOUT_CALLBACK": "default",
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    ansible = pathlib.Path(sys.executable).parent / "ansible-playbook"
+    argv = [str(ansible), "-i", "localhost,", "-c", "local", str(playbook)]
+    proc = subprocess.run(
+        [*argv, "-e", json.dumps(dict(extravars))],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=300,
+        check=False,
+    )
+    out = proc.stdout + proc.stderr
+    for line in out.splitlines():
+        if f"{tag} " in line:
+            payload = line.split(f"{tag} ", 1)[1].rstrip('"').replace('\\"', '"')
+            return proc.returncode, json.loads(payload), out
+    return proc.returncode, None, out

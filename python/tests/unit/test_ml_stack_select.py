@@ -4,48 +4,24 @@ the controller with the accelerator facts a CPU, GPU or Gaudi build host would r
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import pytest
 
 from .. import rolefiles
 
-ROOT = rolefiles.REPO
 PLAYBOOK = pathlib.Path(__file__).parent / "playbooks" / "ml_stack_select.yml"
-ANSIBLE = pathlib.Path(sys.executable).parent / "ansible-playbook"
 
 
 def select(extra: dict) -> tuple[int, dict | None, str]:
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-        ANSIBLE_ROLES_PATH=str(rolefiles.ROLES),
-        ANSIBLE_CACHE_PLUGIN="memory",
-        ANSIBLE_STDOUT_CALLBACK="default",
-        ANSIBLE_NOCOLOR="1",
-    )
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(rolefiles.ROLES), ANSIBLE_CACHE_PLUGIN="memory")
     extra = {
         "ansible_python_interpreter": sys.executable,
         "ml_stack_build_host": "localhost",
     } | extra
-    proc = subprocess.run(
-        [str(ANSIBLE), "-i", "localhost,", "-c", "local", str(PLAYBOOK), "-e", json.dumps(extra)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
-    out = proc.stdout + proc.stderr
-    for line in out.splitlines():
-        if "SELECTION " in line:
-            payload = line.split("SELECTION ", 1)[1].rstrip('"').replace('\\"', '"')
-            return proc.returncode, json.loads(payload), out
-    return proc.returncode, None, out
+    return rolefiles.run_local_play(PLAYBOOK, extra, "SELECTION", env=env)
 
 
 def facts(**local) -> dict:

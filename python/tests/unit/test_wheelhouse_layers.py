@@ -17,9 +17,7 @@ import pytest
 
 from .. import rolefiles
 
-ROOT = rolefiles.REPO
 PLAYBOOK = pathlib.Path(__file__).parent / "playbooks" / "ml_stack_layers.yml"
-ANSIBLE = pathlib.Path(sys.executable).parent / "ansible-playbook"
 user_layer = rolefiles.load("ml_stack", "user_layer.py")
 record_versions = rolefiles.load("ml_stack", "record_versions.py")
 install_bench = rolefiles.load("ml_stack", "install_bench.py")
@@ -38,26 +36,11 @@ EPYC = {
 
 
 def layers(**extra) -> dict:
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-        ANSIBLE_STDOUT_CALLBACK="default",
-        ANSIBLE_NOCOLOR="1",
-    )
     args = EPYC | {"ansible_python_interpreter": sys.executable} | extra
-    proc = subprocess.run(
-        [str(ANSIBLE), "-i", "localhost,", "-c", "local", str(PLAYBOOK), "-e", json.dumps(args)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
-    out = proc.stdout + proc.stderr
-    for line in out.splitlines():
-        if "LAYERS " in line:
-            return json.loads(line.split("LAYERS ", 1)[1].rstrip('"').replace('\\"', '"'))
-    raise AssertionError(out)
+    _, found, out = rolefiles.run_local_play(PLAYBOOK, args, "LAYERS")
+    if found is None:
+        raise AssertionError(out)
+    return found
 
 
 def test_base_key_without_user_requirements_is_the_key_of_before():
@@ -324,24 +307,13 @@ def converge_user_layer(stack: pathlib.Path, reqs: list[str]) -> dict:
         "ml_stack_pip_download_args": ["--no-index", f"--find-links={index}"],
         "ml_stack_extra_requirements": reqs,
     }
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")} | {
-        "PIP_CONFIG_FILE": os.devnull,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_STDOUT_CALLBACK": "default",
-        "ANSIBLE_NOCOLOR": "1",
-    }
-    proc = subprocess.run(
-        [str(ANSIBLE), "-i", "localhost,", "-c", "local", str(INSTALL), "-e", json.dumps(args)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    rc, found, out = rolefiles.run_local_play(
+        INSTALL, args, "RECORD", env=env | {"PIP_CONFIG_FILE": os.devnull}
     )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
-    line = next(ln for ln in out.splitlines() if "RECORD " in ln)
-    return json.loads(line.split("RECORD ", 1)[1].rstrip('"').replace('\\"', '"'))
+    assert rc == 0, out
+    assert found is not None, out
+    return found
 
 
 def installed(stack: pathlib.Path) -> dict[str, str]:
