@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import pathlib
 import shutil
@@ -20,6 +21,7 @@ from . import paths
 from .errors import DsclusterError
 from .inventory import Inventory
 from .paths import cache_dir
+from .util import atomic_write
 
 
 @dataclasses.dataclass
@@ -59,6 +61,8 @@ class Progress:
         self.current: dict[str, str] = {}
         self.failures: list[tuple[str, str, str]] = []
         self.stats: dict[str, Any] = {}
+        # (play, task) -> host -> seconds: what each task cost on each host (the profile).
+        self.durations: dict[tuple[str, str], dict[str, float]] = {}
 
     def handle(self, event: dict[str, Any]) -> bool:
         kind = event.get("event", "")
@@ -86,7 +90,46 @@ class Progress:
             elif kind == "runner_on_skipped":
                 summary.skipped += 1
             self.current[host] = data.get("task", "")
+            self._time(data, host)
         return False
+
+    def _time(self, data: dict[str, Any], host: str) -> None:
+        duration = data.get("duration")
+        if isinstance(duration, (int, float)) and not isinstance(duration, bool):
+            key = (data.get("play", "") or self.play, data.get("task", "") or self.task)
+            per_host = self.durations.setdefault(key, {})
+            per_host[host] = per_host.get(host, 0.0) + float(duration)
+
+    def profile(self, top: int = 15) -> dict[str, Any]:
+        """The tasks that cost most, summed across hosts (seconds), and the totals."""
+        rows = [
+            {
+                "play": play,
+                "task": task,
+                "total_s": round(sum(hosts.values()), 3),
+                "hosts": len(hosts),
+                "max_s": round(max(hosts.values()), 3),
+            }
+            for (play, task), hosts in self.durations.items()
+        ]
+        rows.sort(key=lambda r: r["total_s"], reverse=True)
+        per_host: dict[str, float] = {}
+        per_play: dict[str, dict[str, float]] = {}
+        for (play, _), hosts in self.durations.items():
+            for host, seconds in hosts.items():
+                per_host[host] = per_host.get(host, 0.0) + seconds
+                in_play = per_play.setdefault(play, {})
+                in_play[host] = in_play.get(host, 0.0) + seconds
+        return {
+            "playbook": self.playbook,
+            "tasks": len(rows),
+            "results": sum(len(h) for h in self.durations.values()),
+            "task_seconds_per_host": {h: round(s, 1) for h, s in sorted(per_host.items())},
+            # the slowest host's task time in each play, in play order
+            "play_seconds_max_host": {p: round(max(h.values()), 1) for p, h in per_play.items()},
+            "top": rows[:top],
+            "all": rows,
+        }
 
     def render(self) -> Table:
         table = Table(title=f"{self.playbook} — play: {self.play}", title_justify="left")
@@ -213,6 +256,7 @@ def run_playbook(
     finally:
         if not os.environ.get("DSCLUSTER_KEEP_RUNS"):
             shutil.rmtree(private, ignore_errors=True)
+    _write_profile(progress)
     stats = progress.stats
     for field, attr in (
         ("ok", "ok"),
@@ -231,6 +275,13 @@ def run_playbook(
     return PlaybookResult(
         status=result.status, rc=result.rc, hosts=progress.hosts, failures=progress.failures
     )
+
+
+def _write_profile(progress: Progress) -> None:
+    """DSCLUSTER_PROFILE=FILE: the run's task profile as JSON (make bench reads it)."""
+    target = os.environ.get("DSCLUSTER_PROFILE")
+    if target:
+        atomic_write(pathlib.Path(target), json.dumps(progress.profile(), indent=1) + "\n")
 
 
 def summary_table(result: PlaybookResult, title: str) -> Table:

@@ -46,3 +46,28 @@ def test_raise_for_failures_names_hosts_and_task():
 def test_raise_for_failures_quiet_on_success():
     ok = PlaybookResult(status="successful", rc=0, hosts={"a": HostSummary(ok=1)}, failures=[])
     raise_for_failures(ok, "provisioning")
+
+
+def test_profile_sums_each_task_across_hosts_and_ranks_the_costliest():
+    p = Progress("site.yml", ["a", "b"])
+    p.handle(ev("playbook_on_play_start", play="Base"))
+    for host, task, seconds in (
+        ("a", "Install packages", 2.5),
+        ("b", "Install packages", 3.0),
+        ("a", "Probe", 0.25),
+        ("b", "Probe", 0.5),
+        ("a", "Probe", 0.25),  # a loop or a second include of the same task adds up
+        ("b", "Skipped one", 0.1),
+    ):
+        kind = "runner_on_skipped" if task == "Skipped one" else "runner_on_ok"
+        p.handle(ev(kind, host=host, task=task, play="Base", duration=seconds, res={}))
+    p.handle(ev("runner_on_ok", host="a", task="No timing", res={}))  # no duration: not counted
+    prof = p.profile(top=2)
+    assert prof["tasks"] == 3 and prof["results"] == 5
+    assert [r["task"] for r in prof["top"]] == ["Install packages", "Probe"]
+    assert prof["top"][0] == {
+        "play": "Base", "task": "Install packages", "total_s": 5.5, "hosts": 2, "max_s": 3.0,
+    }  # fmt: skip
+    assert prof["top"][1]["total_s"] == 1.0 and prof["top"][1]["max_s"] == 0.5
+    assert prof["task_seconds_per_host"] == {"a": 3.0, "b": 3.6}
+    assert prof["play_seconds_max_host"] == {"Base": 3.6}

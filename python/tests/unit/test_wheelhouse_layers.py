@@ -369,3 +369,59 @@ def test_user_layer_tasks_add_change_and_remove_without_touching_the_base(stack)
     assert rec["user_layer_key"] == "" and rec["base_drift"] == {}
     assert not (stack / "node" / "user").exists()
     assert not (stack / "venv" / "dscluster-user-lock.json").exists()
+
+
+# ---- wheel digests kept with size and mtime: a re-converge does not read every wheel ----
+
+hash_wheels = rolefiles.load("ml_stack", "hash_wheels.py")
+
+
+def test_hash_wheels_reuses_a_digest_only_while_size_and_mtime_hold(tmp_path, monkeypatch):
+    (tmp_path / "a-1-py3-none-any.whl").write_bytes(b"a" * 10)
+    (tmp_path / "b-1-py3-none-any.whl").write_bytes(b"b" * 20)
+    (tmp_path / "notes.txt").write_text("not a wheel")
+    first = hash_wheels.hash_wheels(tmp_path)
+    assert [(w["name"], w["size"]) for w in first] == [
+        ("a-1-py3-none-any.whl", 10), ("b-1-py3-none-any.whl", 20),
+    ]  # fmt: skip
+    assert first[0]["sha256"] == sha(tmp_path / "a-1-py3-none-any.whl")
+    hashed = []
+    real = hash_wheels.sha256
+    monkeypatch.setattr(hash_wheels, "sha256", lambda p: hashed.append(p.name) or real(p))
+    assert hash_wheels.hash_wheels(tmp_path) == first and hashed == []  # all reused
+    # the same size, another mtime (a rebuild): hashed again; a new wheel: hashed
+    wheel = tmp_path / "b-1-py3-none-any.whl"
+    wheel.write_bytes(b"c" * 20)
+    os.utime(wheel, ns=(wheel.stat().st_atime_ns, wheel.stat().st_mtime_ns + 10**9))
+    (tmp_path / "c-1-py3-none-any.whl").write_bytes(b"c")
+    third = hash_wheels.hash_wheels(tmp_path)
+    assert sorted(hashed) == ["b-1-py3-none-any.whl", "c-1-py3-none-any.whl"]
+    assert third[1]["sha256"] == sha(wheel) != first[1]["sha256"]
+    # a removed wheel leaves the record; a damaged record is rebuilt, not trusted
+    (tmp_path / "a-1-py3-none-any.whl").unlink()
+    (tmp_path / hash_wheels.CACHE).write_text("{not json")
+    hashed.clear()
+    assert [w["name"] for w in hash_wheels.hash_wheels(tmp_path)] == [
+        "b-1-py3-none-any.whl", "c-1-py3-none-any.whl",
+    ]  # fmt: skip
+    assert len(hashed) == 2
+    assert sorted(json.loads((tmp_path / hash_wheels.CACHE).read_text())) == [
+        "b-1-py3-none-any.whl", "c-1-py3-none-any.whl",
+    ]  # fmt: skip
+
+
+def test_record_versions_wheel_digests_reuse_the_venv_record(tmp_path, monkeypatch):
+    monkeypatch.setattr(record_versions, "HASH_CACHE", tmp_path / "cache.json")
+    house = tmp_path / "wh"
+    house.mkdir()
+    (house / "x-1-py3-none-any.whl").write_bytes(b"x" * 5)
+    digests = record_versions.wheel_digests([house])
+    assert digests == {str(house): {"x-1-py3-none-any.whl": sha(house / "x-1-py3-none-any.whl")}}
+    hashed = []
+    real = record_versions.sha256
+    monkeypatch.setattr(record_versions, "sha256", lambda p: hashed.append(p.name) or real(p))
+    assert record_versions.wheel_digests([house]) == digests and hashed == []
+    (house / "x-1-py3-none-any.whl").write_bytes(b"y" * 6)
+    assert record_versions.wheel_digests([house]) != digests and hashed == ["x-1-py3-none-any.whl"]
+    assert record_versions.tools_uv(None) == "" and record_versions.tools_uv(tmp_path) == ""
+    assert record_versions.file_sha256(tmp_path / "absent") == ""

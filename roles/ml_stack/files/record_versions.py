@@ -1,16 +1,23 @@
 #!/usr/bin/env python3
 """Print this node's versions manifest as JSON (run with the cluster venv's python).
 
-  record_versions.py WHEELHOUSE [USER_WHEELHOUSE]
+  record_versions.py WHEELHOUSE [USER_WHEELHOUSE [TOOLS_VENV]]
 
 Recorded by the ml_stack role into /etc/ansible/facts.d/ml_stack.fact and compared across
-nodes by the verify step and by `dscluster doctor`: any difference is skew.
+nodes by the verify step and by `dscluster doctor`: any difference is skew. The role also
+reads it before installing: a node whose manifest already matches the controller's locks
+skips the install (the venv's lock copies, the tools layer's uv and these scripts' own
+digests are in it for that).
+
+Wheel digests are kept in the venv (HASH_CACHE) with each file's size and mtime, so a
+re-converge does not read every wheel (torch alone is hundreds of MB) again.
 """
 
 import contextlib
 import hashlib
 import importlib.metadata
 import json
+import os
 import pathlib
 import platform
 import re
@@ -25,6 +32,48 @@ def sha256(path: pathlib.Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+HASH_CACHE = pathlib.Path(sys.prefix) / "dscluster-wheel-hashes.json"
+
+
+def wheel_digests(folders: list[pathlib.Path]) -> dict[str, dict[str, str]]:
+    """folder -> wheel name -> sha256, through HASH_CACHE (size and mtime unchanged: reused)."""
+    try:
+        cache = json.loads(HASH_CACHE.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    fresh, out = {}, {}
+    for folder in folders:
+        found = out.setdefault(str(folder), {})
+        for wheel in sorted(folder.glob("*.whl")):
+            st = wheel.stat()
+            known = cache.get(str(wheel)) if isinstance(cache, dict) else None
+            same = isinstance(known, dict) and known.get("size") == st.st_size
+            if same and known.get("mtime_ns") == st.st_mtime_ns and known.get("sha256"):
+                digest = known["sha256"]
+            else:
+                digest = sha256(wheel)
+            fresh[str(wheel)] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
+            found[wheel.name] = digest
+    if fresh != cache:
+        with contextlib.suppress(OSError):
+            tmp = HASH_CACHE.with_name(f"{HASH_CACHE.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(fresh, sort_keys=True))
+            os.replace(tmp, HASH_CACHE)
+    return out
+
+
+def file_sha256(path: pathlib.Path) -> str:
+    return sha256(path) if path.is_file() else ""
+
+
+def tools_uv(venv: pathlib.Path | None) -> str:
+    """The uv version of the tools layer's venv ("" when there is none)."""
+    if venv is None or not (venv / "bin" / "uv").exists():
+        return ""
+    words = command_output([str(venv / "bin" / "uv"), "--version"]).split()
+    return words[1] if len(words) > 1 else ""
 
 
 def command_output(argv: list[str]) -> str:
@@ -144,6 +193,7 @@ def user_layer(user_dir: pathlib.Path | None) -> dict:
 def main() -> int:
     wheelhouse = pathlib.Path(sys.argv[1])
     user_dir = pathlib.Path(sys.argv[2]) if len(sys.argv) > 2 else None
+    tools_venv = pathlib.Path(sys.argv[3]) if len(sys.argv) > 3 else None
     # DeepSpeed logs to stdout while importing; keep stdout for the JSON alone.
     with contextlib.redirect_stdout(sys.stderr):
         import deepspeed  # noqa: PLC0415
@@ -163,7 +213,7 @@ def main() -> int:
         "synapseai": package_version("habanalabs-graph"),
         "libfabric": libfabric(),
         "lock_sha256": sha256(lock) if lock.exists() else "",
-        "wheels": {p.name: sha256(p) for p in sorted(wheelhouse.glob("*.whl"))},
+        "wheels": wheel_digests([wheelhouse])[str(wheelhouse)],
         # Base distributions installed at another version than the base lock's (a user
         # layer must never replace one).
         "base_drift": drift(locked_pins(lock)),
@@ -172,6 +222,16 @@ def main() -> int:
     manifest["user_layer"] = layer
     manifest["user_layer_key"] = layer["key"]
     manifest["user_lock_sha256"] = layer["lock_sha256"]
+    # What the install step left: the locks the venv was installed from, the tools layer's
+    # uv, and the digests of the scripts installed beside this one.
+    venv = pathlib.Path(sys.prefix)
+    manifest["venv_lock_sha256"] = file_sha256(venv / "dscluster-lock.json")
+    manifest["venv_user_lock_sha256"] = file_sha256(venv / "dscluster-user-lock.json")
+    manifest["tools_uv"] = tools_uv(tools_venv)
+    here = pathlib.Path(__file__).resolve().parent
+    manifest["scripts"] = {
+        name: file_sha256(here / name) for name in ("record_versions.py", "install_bench.py")
+    }
     json.dump(manifest, sys.stdout, indent=2, sort_keys=True)
     sys.stdout.write("\n")
     return 0
