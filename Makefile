@@ -149,8 +149,15 @@ training-image: venv engine ## Multi-node training image from a wheelhouse (VARI
 	bash docker/training/build.sh $(or $(VARIANT),cpu) $(WHEELHOUSE)
 
 .PHONY: test
-test: lint images ## Everything: lint, then three lanes side by side (each one's output printed when it ends)
+test: lint images ## Everything: lint, the wheelhouse, then three lanes side by side (each one's output printed when it ends)
+	@$(MAKE) --no-print-directory wheelhouse
 	@$(MAKE) --no-print-directory -j3 --output-sync=target unit-installed molecule-serial e2e NICE="nice -n 10"
+
+# Before the lanes, alone: on a cold machine the DeepSpeed build gets both cores instead of
+# three lanes waiting on its lock; with a wheelhouse cached for the pins it does nothing.
+.PHONY: wheelhouse
+wheelhouse: images ## The controller's wheelhouse (torch + DeepSpeed with its ops) on a 1-node cluster, unless cached
+	bash scripts/wheelhouse.sh
 
 # Lane 1: the unit tests, the installed-package test (a venv, a 2-node cluster), the role
 # scenarios. Lane 2 (molecule-serial): the project scenarios. Lane 3: e2e.

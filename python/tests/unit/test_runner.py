@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 
 from dscluster.errors import DsclusterError
@@ -71,3 +73,26 @@ def test_profile_sums_each_task_across_hosts_and_ranks_the_costliest():
     assert prof["top"][1]["total_s"] == 1.0 and prof["top"][1]["max_s"] == 0.5
     assert prof["task_seconds_per_host"] == {"a": 3.0, "b": 3.6}
     assert prof["play_seconds_max_host"] == {"Base": 3.6}
+
+
+def test_mitogen_is_an_option_read_from_the_environment(monkeypatch):
+    import importlib.util  # noqa: PLC0415
+
+    from dscluster import runner  # noqa: PLC0415
+
+    monkeypatch.delenv("DSCLUSTER_MITOGEN", raising=False)
+    assert runner.mitogen_strategy_dir() is None
+    assert "ANSIBLE_STRATEGY" not in runner.ansible_env()
+    monkeypatch.setenv("DSCLUSTER_MITOGEN", "0")
+    assert runner.mitogen_strategy_dir() is None
+    monkeypatch.setenv("DSCLUSTER_MITOGEN", "1")
+    if importlib.util.find_spec("ansible_mitogen") is not None:  # the dev venv has it
+        env = runner.ansible_env()
+        assert env["ANSIBLE_STRATEGY"] == "mitogen_linear"
+        assert (pathlib.Path(env["ANSIBLE_STRATEGY_PLUGINS"]) / "mitogen_linear.py").is_file()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(DsclusterError, match=r"pip install 'dscluster\[mitogen\]'"):
+        runner.ansible_env()
+    monkeypatch.setenv("DSCLUSTER_MITOGEN", "yes")
+    with pytest.raises(DsclusterError, match="DSCLUSTER_MITOGEN='yes' is neither 1 nor 0"):
+        runner.mitogen_strategy_dir()

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
-from .. import __version__
+from .. import __version__, runner
 from ..errors import DsclusterError, bug_report, debug, one_line, print_error
 from . import aws, doctor, dsconfig, flags, inventory, launch, local, provision, sbatch, smoke
 
@@ -124,6 +124,12 @@ def _main(words: list[str]) -> int:
             return 2
         # paths.home() reads it; set before any command resolves an inventory name.
         os.environ["DSCLUSTER_HOME"] = home
+    try:
+        # A bad DSCLUSTER_MITOGEN is refused before any command does anything.
+        runner.mitogen_strategy_dir()
+    except DsclusterError as exc:
+        print_error(str(exc))
+        return 2
     check = getattr(args, "check", None)
     if check is not None:
         # Every refusal a command can make from its arguments alone, before any side effect.

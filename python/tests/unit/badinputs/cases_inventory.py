@@ -226,3 +226,9 @@ CASES = _cases() + [
     Case(f"doctor-{ident}", COMMANDS["doctor"], value, fix, setup=setup)
     for ident, setup, value, fix in _DOCTOR
 ]
+
+# The mitogen switch is read before any command runs.
+CASES += [
+    Case("mitogen-not-a-switch", COMMANDS["provision"], "DSCLUSTER_MITOGEN='yes'",
+         "DSCLUSTER_MITOGEN=1", env={"DSCLUSTER_MITOGEN": "yes"}),
+]  # fmt: skip
