@@ -102,7 +102,7 @@ class Progress:
 
     def profile(self, top: int = 15) -> dict[str, Any]:
         """The tasks that cost most, summed across hosts (seconds), and the totals."""
-        rows = [
+        rows: list[dict[str, Any]] = [
             {
                 "play": play,
                 "task": task,
