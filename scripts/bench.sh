@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # make bench: timings that matter to users, written to ~/.cache/dscluster/bench/<time>.json
-# and printed as a table.
+# (with the machine's cores and load) and printed as a table. Every figure is measured in
+# this run; a step that fails is recorded as "failed" and the bench goes on.
 #   1. make demo cold (BENCH_COLD=1: node images and wheelhouse removed first) and warm
-#   2. re-converge of site.yml on the provisioned cluster (and its changed count)
+#   2. re-converge of site.yml on the provisioned cluster (and its changed count), with the
+#      per-task profile (top 15 tasks by time summed across hosts), and again with mitogen;
+#      a new 3-node cluster with the wheelhouse cached; provision of 4, 8 and 16 local nodes
+#      (BENCH_SCALE="4 8 16"; BENCH_SCALE= skips them)
 #   3. a user requirement added to the provisioned cluster (the wheelhouse's user layer: the
 #      DeepSpeed build must not run) and removed again; per-node install of the base layer
 #      with pip vs uv (install_bench.py on the head, a fresh venv each)
@@ -15,10 +19,19 @@ CACHE="${DSCLUSTER_CACHE:-$HOME/.cache/dscluster}"
 OUT="$CACHE/bench"
 mkdir -p "$OUT"
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
+LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 declare -A R
 
 now() { date +%s.%N; }
 elapsed() { python3 -c "print(round($2 - $1, 1))"; }
+DSC=$BIN/dscluster
+# timed KEY LOG CMD...: seconds into R[KEY], or "failed" (the log says why); never stops the bench
+timed() {
+  local key=$1 log=$2 t0; shift 2
+  t0=$(now)
+  if "$@" >"$log" 2>&1; then R[$key]=$(elapsed "$t0" "$(now)"); else R[$key]='"failed"'; echo "   $key failed: see $log"; fi
+}
+changes() { grep -oE 'provisioned [0-9]+ (of [0-9]+ )?hosts, [0-9]+ changes' "$1" | grep -oE '[0-9]+ changes' | grep -oE '[0-9]+' || echo '"?"'; }
 
 # A 10,000-node Slurm node list: expand, slots, inventory data and hostfile (limit 1 s).
 $BIN/python scripts/bench_nodelist.py >"$OUT/$stamp-nodelist.json"
@@ -36,11 +49,31 @@ fi
 echo "== make demo (warm)"
 t0=$(now); make demo >"$OUT/$stamp-demo-warm.log" 2>&1; R[demo_warm_s]=$(elapsed "$t0" "$(now)")
 
-echo "== re-converge site.yml"
-t0=$(now)
-$BIN/dscluster provision -i inventories/local >"$OUT/$stamp-reconverge.log" 2>&1
-R[reconverge_s]=$(elapsed "$t0" "$(now)")
-R[reconverge_changed]=$(grep -oE 'provisioned [0-9]+ hosts, [0-9]+ changes' "$OUT/$stamp-reconverge.log" | grep -oE '[0-9]+ changes' | grep -oE '[0-9]+')
+echo "== re-converge site.yml (changed=0), with the per-task profile; then with mitogen"
+DSCLUSTER_PROFILE="$OUT/$stamp-profile.json" timed reconverge_s "$OUT/$stamp-reconverge.log" \
+  $DSC provision -i inventories/local
+R[reconverge_changed]=$(changes "$OUT/$stamp-reconverge.log")
+DSCLUSTER_MITOGEN=1 timed reconverge_mitogen_s "$OUT/$stamp-reconverge-mitogen.log" \
+  $DSC provision -i inventories/local
+R[reconverge_mitogen_changed]=$(changes "$OUT/$stamp-reconverge-mitogen.log")
+
+echo "== a new 3-node cluster, wheelhouse cached (local up + provision)"
+$DSC local down --name bench >/dev/null 2>&1 || true
+timed new_cluster_cached_s "$OUT/$stamp-new-cluster.log" \
+  bash -c "$DSC local up --name bench --nodes 3 && $DSC provision -i inventories/bench"
+
+$DSC local down --name bench >/dev/null 2>&1 || true
+
+for n in ${BENCH_SCALE-4 8 16}; do
+  echo "== provision of $n local nodes (wheelhouse cached)"
+  $DSC local down --name scale >/dev/null 2>&1 || true
+  timed "provision_${n}_nodes_s" "$OUT/$stamp-scale-$n.log" \
+    bash -c "$DSC local up --name scale --nodes $n && $DSC provision -i inventories/scale"
+  $DSC local down --name scale >/dev/null 2>&1 || true
+done
+if [[ "${R[provision_4_nodes_s]:-}" =~ ^[0-9.]+$ && "${R[provision_16_nodes_s]:-}" =~ ^[0-9.]+$ ]]; then
+  R[provision_16_over_4]=$(python3 -c "print(round(${R[provision_16_nodes_s]} / ${R[provision_4_nodes_s]}, 2))")
+fi
 
 echo "== user layer: a pinned transformers added, then removed"
 gv=inventories/local/group_vars/all.yml
@@ -94,6 +127,8 @@ docker exec "$head" rm -rf /opt/bench-jit /tmp/bench-ext
 {
   echo "{"
   echo "  \"time\": \"$stamp\", \"cpus\": $(nproc), \"host\": \"$(hostname)\","
+  echo "  \"load_at_start\": \"$LOAD0\", \"load_at_end\": \"$(cut -d' ' -f1-3 /proc/loadavg)\","
+  echo "  \"reconverge_profile\": $(cat "$OUT/$stamp-profile.json" 2>/dev/null || echo null),"
   first=1
   for k in "${!R[@]}"; do
     [ $first = 1 ] || echo ","
@@ -103,6 +138,14 @@ docker exec "$head" rm -rf /opt/bench-jit /tmp/bench-ext
   echo; echo "}"
 } >"$OUT/$stamp.json"
 echo
-printf '%-24s %s\n' metric value
-for k in $(printf '%s\n' "${!R[@]}" | sort); do printf '%-24s %s\n' "$k" "${R[$k]}"; done
+echo "$(date -u +%F), $(nproc) cores, load $LOAD0 at start, $(cut -d' ' -f1-3 /proc/loadavg) at end"
+if [ -f "$OUT/$stamp-profile.json" ]; then
+  echo "re-converge profile: top 15 tasks by time summed across hosts"
+  $BIN/python -c "
+import json, sys
+for r in json.load(open(sys.argv[1]))['top']:
+    print(f\"  {r['total_s']:7.1f} s  {r['hosts']} host(s)  {r['task']}  [{r['play']}]\")" "$OUT/$stamp-profile.json"
+fi
+printf '%-28s %s\n' metric value
+for k in $(printf '%s\n' "${!R[@]}" | sort); do printf '%-28s %s\n' "$k" "${R[$k]}"; done
 echo "written: $OUT/$stamp.json (logs beside it)"
