@@ -415,13 +415,13 @@ def test_record_versions_wheel_digests_reuse_the_venv_record(tmp_path, monkeypat
     house = tmp_path / "wh"
     house.mkdir()
     (house / "x-1-py3-none-any.whl").write_bytes(b"x" * 5)
-    digests = record_versions.wheel_digests([house])
-    assert digests == {str(house): {"x-1-py3-none-any.whl": sha(house / "x-1-py3-none-any.whl")}}
+    digests = record_versions.wheel_digests(house)
+    assert digests == {"x-1-py3-none-any.whl": sha(house / "x-1-py3-none-any.whl")}
     hashed = []
     real = record_versions.sha256
     monkeypatch.setattr(record_versions, "sha256", lambda p: hashed.append(p.name) or real(p))
-    assert record_versions.wheel_digests([house]) == digests and hashed == []
+    assert record_versions.wheel_digests(house) == digests and hashed == []
     (house / "x-1-py3-none-any.whl").write_bytes(b"y" * 6)
-    assert record_versions.wheel_digests([house]) != digests and hashed == ["x-1-py3-none-any.whl"]
+    assert record_versions.wheel_digests(house) != digests and hashed == ["x-1-py3-none-any.whl"]
     assert record_versions.tools_uv(None) == "" and record_versions.tools_uv(tmp_path) == ""
     assert record_versions.file_sha256(tmp_path / "absent") == ""

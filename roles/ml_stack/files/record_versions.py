@@ -37,25 +37,24 @@ def sha256(path: pathlib.Path) -> str:
 HASH_CACHE = pathlib.Path(sys.prefix) / "dscluster-wheel-hashes.json"
 
 
-def wheel_digests(folders: list[pathlib.Path]) -> dict[str, dict[str, str]]:
-    """folder -> wheel name -> sha256, through HASH_CACHE (size and mtime unchanged: reused)."""
+def wheel_digests(folder: pathlib.Path) -> dict[str, str]:
+    """wheel name -> sha256 for the folder, through HASH_CACHE (size and mtime unchanged:
+    the recorded digest is reused)."""
     try:
         cache = json.loads(HASH_CACHE.read_text())
     except (OSError, ValueError):
         cache = {}
     fresh, out = {}, {}
-    for folder in folders:
-        found = out.setdefault(str(folder), {})
-        for wheel in sorted(folder.glob("*.whl")):
-            st = wheel.stat()
-            known = cache.get(str(wheel)) if isinstance(cache, dict) else None
-            same = isinstance(known, dict) and known.get("size") == st.st_size
-            if same and known.get("mtime_ns") == st.st_mtime_ns and known.get("sha256"):
-                digest = known["sha256"]
-            else:
-                digest = sha256(wheel)
-            fresh[str(wheel)] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
-            found[wheel.name] = digest
+    for wheel in sorted(folder.glob("*.whl")):
+        st = wheel.stat()
+        known = cache.get(str(wheel)) if isinstance(cache, dict) else None
+        same = isinstance(known, dict) and known.get("size") == st.st_size
+        if same and known.get("mtime_ns") == st.st_mtime_ns and known.get("sha256"):
+            digest = known["sha256"]
+        else:
+            digest = sha256(wheel)
+        fresh[str(wheel)] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
+        out[wheel.name] = digest
     if fresh != cache:
         with contextlib.suppress(OSError):
             tmp = HASH_CACHE.with_name(f"{HASH_CACHE.name}.{os.getpid()}")
@@ -213,7 +212,7 @@ def main() -> int:
         "synapseai": package_version("habanalabs-graph"),
         "libfabric": libfabric(),
         "lock_sha256": sha256(lock) if lock.exists() else "",
-        "wheels": wheel_digests([wheelhouse])[str(wheelhouse)],
+        "wheels": wheel_digests(wheelhouse),
         # Base distributions installed at another version than the base lock's (a user
         # layer must never replace one).
         "base_drift": drift(locked_pins(lock)),
