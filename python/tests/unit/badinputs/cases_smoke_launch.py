@@ -168,6 +168,18 @@ CASES = [
     Case("prov-limit-empty", ["provision", *INV, "--limit", " "], "--limit", "give hosts"),
     Case("prov-timeout-negative", ["provision", *INV, "--timeout", "-1"], "--timeout -1", "from 1"),
     Case("prov-timeout-zero", ["provision", *INV, "--timeout", "0"], "--timeout 0", "from 1"),
+    Case("prov-add-unknown", ["provision", *INV, "--add", "n9"], "'n9'", "n1, n2, n3"),
+    Case("prov-add-typo-list", ["provision", *INV, "--add", "n3,nn2"], "'nn2'", "local up"),
+    Case("prov-add-empty", ["provision", *INV, "--add", "n2,"], "n2,", "e.g. --add n3,n4"),
+    Case("prov-add-head", ["provision", *INV, "--add", "n1"], "'n1'", "without --add"),
+    Case("prov-add-limit", ["provision", *INV, "--add", "n3", "--limit", "n3"], "--limit", "drop"),
+    Case("prov-add-tags", ["provision", *INV, "--add", "n3", "--tags", "base"], "--tags", "drop"),
+    Case(
+        "prov-add-playbook",
+        ["provision", *INV, "--add", "n3", "--playbook", "base.yml"],
+        "base.yml",
+        "drop --playbook",
+    ),
     Case(
         "prov-no-inventory",
         ["provision", "-i", "inventories/nope"],
