@@ -39,7 +39,7 @@ SOURCE_TREE = PACKAGE / "_source_tree"
 # like it, every pattern is matched with fnmatch against the path relative to the root.
 GALAXY_IGNORES = ("MANIFEST.json", "FILES.json", "galaxy.yml", "galaxy.yaml", ".git", "*.pyc",
                   "*.retry", "tests/output", "*-*-*.tar.gz")  # fmt: skip
-DOCKER_FILES = ("node", "base-image.sh", "ensure-engine.sh")
+DOCKER_FILES = ("node", "bake", "base-image.sh", "ensure-engine.sh")
 
 
 def _from_clone() -> bool:

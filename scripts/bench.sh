@@ -5,7 +5,9 @@
 #   1. make demo cold (BENCH_COLD=1: node images and wheelhouse removed first) and warm
 #   2. re-converge of site.yml on the provisioned cluster (and its changed count), with the
 #      per-task profile (top 15 tasks by time summed across hosts), and again with mitogen;
-#      a new 3-node cluster with the wheelhouse cached; provision of 4, 8 and 16 local nodes
+#      a new 3-node cluster with the wheelhouse cached, and one node added to it (--add);
+#      a node of the local cluster baked into an image (image bake), a new 3-node cluster
+#      from it and one node added to that; provision of 4, 8 and 16 local nodes
 #      (BENCH_SCALE="4 8 16"; BENCH_SCALE= skips them)
 #   3. a user requirement added to the provisioned cluster (the wheelhouse's user layer: the
 #      DeepSpeed build must not run) and removed again; per-node install of the base layer
@@ -61,8 +63,21 @@ echo "== a new 3-node cluster, wheelhouse cached (local up + provision)"
 $DSC local down --name bench >/dev/null 2>&1 || true
 timed new_cluster_cached_s "$OUT/$stamp-new-cluster.log" \
   bash -c "$DSC local up --name bench --nodes 3 && $DSC provision -i inventories/bench"
-
+echo "== one node added to it (local up --nodes 4 + provision --add)"
+timed add_node_s "$OUT/$stamp-add-node.log" \
+  bash -c "$DSC local up --name bench --nodes 4 && $DSC provision -i inventories/bench --add bench-n4"
 $DSC local down --name bench >/dev/null 2>&1 || true
+
+echo "== bake a node of the local cluster; a new 3-node cluster from the image; one node added"
+baked=dscluster/baked:bench
+timed bake_s "$OUT/$stamp-bake.log" $DSC image bake -i inventories/local --name "$baked"
+timed new_cluster_baked_s "$OUT/$stamp-new-cluster-baked.log" \
+  bash -c "$DSC local up --name bench --nodes 3 --image $baked && $DSC provision -i inventories/bench"
+R[new_cluster_baked_changed]=$(changes "$OUT/$stamp-new-cluster-baked.log")
+timed add_node_baked_s "$OUT/$stamp-add-node-baked.log" \
+  bash -c "$DSC local up --name bench --nodes 4 && $DSC provision -i inventories/bench --add bench-n4"
+$DSC local down --name bench >/dev/null 2>&1 || true
+docker image rm -f "$baked" >/dev/null 2>&1 || true
 
 for n in ${BENCH_SCALE-4 8 16}; do
   echo "== provision of $n local nodes (wheelhouse cached)"

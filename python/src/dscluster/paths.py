@@ -130,7 +130,7 @@ def playbook(name: str) -> pathlib.Path:
 
 
 def docker_dir() -> pathlib.Path:
-    """The node image's build inputs: docker/node and base-image.sh."""
+    """The node image's build inputs: docker/node and base-image.sh (and docker/bake)."""
     for cand in (_SHIPPED_DOCKER, collection_root() / "docker"):
         if (cand / "node").is_dir() and (cand / "base-image.sh").is_file():
             return cand

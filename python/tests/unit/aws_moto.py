@@ -36,6 +36,9 @@ REQUESTS: list[tuple[str, dict[str, Any]]] = []
 CONSOLE: dict[str, str] = {}
 REFUSE: dict[str, tuple[str, str]] = {}
 # Actions refuse() can fail (EC2Response method names).
+# The region the AWS tests use (conftest.aws_env sets it as AWS_DEFAULT_REGION).
+REGION = "us-east-1"
+
 REFUSABLE = (
     "run_instances",
     "create_tags",
@@ -181,7 +184,7 @@ def _call_action(self: EC2Response) -> Any:
     return _original_call_action(self)
 
 
-def set_state(instance_id: str, name: str, code: int, region: str = "us-east-1") -> None:
+def set_state(instance_id: str, name: str, code: int, region: str = REGION) -> None:
     """Put an instance into a state moto never produces by itself (moto starts instances
     'running' at once): e.g. 'pending', as AWS reports for the first seconds."""
     from moto.core import DEFAULT_ACCOUNT_ID  # noqa: PLC0415

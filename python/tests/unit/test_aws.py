@@ -15,7 +15,6 @@ from typing import Any
 
 import boto3
 import pytest
-import requests
 import yaml
 
 from dscluster.errors import DsclusterError
@@ -26,46 +25,14 @@ from dscluster.sources import ec2 as ec2_access
 from .. import rolefiles
 from . import aws_moto
 
-REGION = "us-east-1"
+REGION = aws_moto.REGION
 TAG = ec2_access.CLUSTER_TAG
 AMI_X = "ami-0123456789abcdef0"  # well formed, unknown to moto
 
 
-@pytest.fixture(scope="module")
-def moto_url():
-    server, url = aws_moto.start()
-    yield url
-    server.stop()
-
-
 @pytest.fixture(autouse=True)
-def aws_env(moto_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path):
-    """A fresh moto account per test, dummy credentials, nothing read from ~/.aws."""
-    requests.post(f"{moto_url}/moto-api/reset", timeout=10).raise_for_status()
-    aws_moto.reset()
-    empty = tmp_path / "aws-empty"
-    empty.write_text("")
-    for var in (
-        "AWS_PROFILE",
-        "AWS_DEFAULT_PROFILE",
-        "AWS_SESSION_TOKEN",
-        "AWS_SECURITY_TOKEN",
-        "AWS_REGION",
-        "AWS_ROLE_ARN",
-        "AWS_WEB_IDENTITY_TOKEN_FILE",
-        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-    ):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_url)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(empty))
-    # Never probe the instance metadata service (169.254.169.254) from a test.
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("DSCLUSTER_CACHE", str(tmp_path / "cache"))
+def _fresh_moto_account(aws_env: None) -> None:
+    """Every test here on a fresh moto account (conftest.aws_env)."""
 
 
 @pytest.fixture

@@ -64,6 +64,12 @@ def register(sub) -> None:
     up.add_argument(
         "--shm-size", type=shm_size_type, default="1g", help="/dev/shm size per node (default 1g)"
     )
+    up.add_argument(
+        "--image",
+        type=image_ref_type,
+        help="start the nodes from this image (one 'dscluster image bake' made) instead of "
+        "the plain node image; remembered for later 'local up' runs of the cluster",
+    )
     up.set_defaults(func=cmd_local_up)
     down = lsub.add_parser("down", help="remove a local cluster and everything it made")
     down.add_argument("--name", type=cluster_name, default="local")
@@ -77,13 +83,33 @@ def register(sub) -> None:
         help="base image (pulled or built)",
     )
     image.set_defaults(func=cmd_image)
+    isub = image.add_subparsers(dest="image_command", required=False)
+    bake = isub.add_parser(
+        "bake",
+        help="make a provisioned node into an image of the whole stack (local: a Docker "
+        "image; AWS: an AMI), for 'local up --image' / 'aws up --ami'",
+    )
+    flags.inventory(bake)
+    bake.add_argument("--node", help="the node to bake (default: the first worker)")
+    bake.add_argument(
+        "--name",
+        help="the image: a Docker tag (default dscluster/baked:<cluster>) or an AMI name "
+        "(default dscluster-<cluster>-<UTC time>)",
+    )
+    bake.add_argument("--profile", help="AWS profile (AWS clusters; default: boto3's chain)")
+    bake.set_defaults(func=cmd_image_bake, check=check_image_bake, bake=None)
 
 
 def cmd_local_up(args: argparse.Namespace, out: Console, err: Console) -> int:
     from ..sources import local  # noqa: PLC0415
 
     path = local.up(
-        args.name, args.nodes, cpu_slots=args.slots, shm_size=args.shm_size, console=err
+        args.name,
+        args.nodes,
+        cpu_slots=args.slots,
+        shm_size=args.shm_size,
+        image=args.image,
+        console=err,
     )
     out.print(f"local cluster '{args.name}': {args.nodes} nodes, inventory {path}")
     return 0
@@ -102,4 +128,33 @@ def cmd_image(args: argparse.Namespace, out: Console, err: Console) -> int:
 
     local.ensure_engine()
     out.print(local.node_image(args.base, console=err))
+    return 0
+
+
+def check_image_bake(args: argparse.Namespace) -> None:
+    from .. import bake  # noqa: PLC0415
+    from ..inventory import load  # noqa: PLC0415
+
+    args.bake = bake.check(load(args.inventory), node=args.node, name=args.name)
+
+
+def cmd_image_bake(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from .. import bake  # noqa: PLC0415
+
+    plan = args.bake
+    if plan.kind == "docker":
+        bake.bake_docker(plan, err)
+        out.print(
+            f"baked {plan.name} from {plan.host} (torch {plan.versions['torch']}, deepspeed "
+            f"{plan.versions['deepspeed']}); start a cluster from it: dscluster local up "
+            f"--name NAME --image {plan.name}, then dscluster provision -i inventories/NAME"
+        )
+        return 0
+    from ..sources.ec2 import session  # noqa: PLC0415
+
+    ami = bake.bake_aws(plan, session(args.profile, plan.region or None), console=err)
+    out.print(
+        f"baked AMI {ami} ({plan.name}) from {plan.host}; start a cluster from it: dscluster "
+        f"aws up --cluster NAME --ami {ami} ..."
+    )
     return 0

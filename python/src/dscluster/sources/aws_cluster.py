@@ -10,6 +10,7 @@ the instances missing from `--count`. Everything it makes carries `dscluster:clu
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +38,9 @@ from .ec2 import (
     tag_value,
 )
 
+# The tag `dscluster image bake` puts on the AMIs it makes (bake.TAG_PREFIX + "-cluster").
+BAKED_CLUSTER_TAG = "dscluster:baked-cluster"
+BAKED_USER_TAG = "dscluster:baked-user"
 LIVE_STATES = ["pending", "running"]
 NOT_GONE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 WAITER_DELAY_S = 5
@@ -316,6 +320,9 @@ class _Plan:
     image_id: str
     existing: list[dict[str, Any]]
     missing: int
+    # The AMI was made by `dscluster image bake` (its training user; "" if not): its nodes
+    # clean it at first boot.
+    baked: str = ""
 
 
 @dataclasses.dataclass
@@ -374,7 +381,9 @@ def _plan(
                 "('aws ec2 import-key-pair') or check --key-name"
             )
     existing = live_instances(ec2, cluster, LIVE_STATES)
-    return _Plan(type_info, image_id, existing, count - len(existing))
+    tags = {t.get("Key"): t.get("Value") for t in found["Images"][0].get("Tags") or []}
+    baked = str(tags.get(BAKED_USER_TAG) or "ds") if BAKED_CLUSTER_TAG in tags else ""
+    return _Plan(type_info, image_id, existing, count - len(existing), baked)
 
 
 def up(  # noqa: PLR0913 - the aws up command's options, each a keyword
@@ -480,6 +489,26 @@ def _ssh_permission(ssh_cidr: str) -> dict[str, Any]:
     return {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, **ranges}
 
 
+def baked_user_data(user: str = "ds") -> str:
+    """cloud-config for a node started from a baked AMI: docker/bake/clean.sh once per
+    instance, in cloud-init's bootcmd (before its ssh module makes the host keys and installs
+    the key pair): the cluster keys, known_hosts, munge key and Slurm configuration of the
+    node the AMI was made from are gone before sshd first lets anyone in."""
+    import base64  # noqa: PLC0415
+
+    from .. import paths  # noqa: PLC0415
+
+    script = (paths.docker_dir() / "bake" / "clean.sh").read_bytes()
+    encoded = base64.b64encode(script).decode()
+    command = f"echo {encoded} | base64 -d | sh -s -- {user} first-boot"
+    return (
+        "#cloud-config\n"
+        "# dscluster: this AMI was made by `dscluster image bake`; clean it once per instance.\n"
+        "bootcmd:\n"
+        f"  - [cloud-init-per, instance, dscluster-baked-clean, sh, -c, {json.dumps(command)}]\n"
+    )
+
+
 def _create(  # noqa: PLR0913 - what up decided, each a keyword
     ec2: Any,
     cluster: str,
@@ -528,6 +557,9 @@ def _create(  # noqa: PLR0913 - what up decided, each a keyword
     }
     if key_name:
         params["KeyName"] = key_name
+    if plan.baked:
+        params["UserData"] = baked_user_data(plan.baked)
+        say(f"AMI {plan.image_id} was baked by dscluster: each node cleans it at first boot")
     launched = list(ec2.run_instances(**params).get("Instances") or [])
     made.instances = [str(i["InstanceId"]) for i in launched]
     if len(launched) != plan.missing:

@@ -141,6 +141,34 @@ def inventory_dir(name: str) -> pathlib.Path:
     return paths.inventory_dir(name)
 
 
+def _check_up(name: str, nodes: int, cpu_slots: int) -> None:
+    check_cluster_name(name)
+    if nodes < 1 or nodes > 64:
+        raise DsclusterError(f"--nodes {nodes} is out of range; use 1 to 64")
+    if cpu_slots < 1:
+        raise DsclusterError(f"--slots {cpu_slots} is out of range; use 1 or more")
+
+
+def _image_for(name: str, given: str | None, base_image: str, console: Console) -> str:
+    """The image the cluster's nodes run: --image, else the one an earlier `up --image`
+    remembered, else the node image (built when missing)."""
+    remembered = state_dir(name) / "image"
+    image = given
+    if image is None and remembered.is_file():
+        image = remembered.read_text().strip() or None
+    if image is None:
+        return node_image(base_image, console)
+    if run(["docker", "image", "inspect", image], check=False).returncode != 0:
+        raise DsclusterError(
+            f"no Docker image {image} here"
+            + (f" (remembered in {remembered})" if given is None else "")
+            + "; bake one with 'dscluster image bake -i inventories/<cluster>', or start "
+            f"from the plain node image: dscluster local down --name {name}, then local up "
+            "without --image"
+        )
+    return image
+
+
 def up(
     name: str,
     nodes: int,
@@ -148,17 +176,17 @@ def up(
     cpu_slots: int = 1,
     shm_size: str = "1g",
     base_image: str = "debian:bookworm",
+    image: str | None = None,
     console: Console | None = None,
 ) -> pathlib.Path:
-    """Create or reconcile the cluster; returns the path of its hosts.yml."""
-    check_cluster_name(name)
-    if nodes < 1 or nodes > 64:
-        raise DsclusterError(f"--nodes {nodes} is out of range; use 1 to 64")
-    if cpu_slots < 1:
-        raise DsclusterError(f"--slots {cpu_slots} is out of range; use 1 or more")
+    """Create or reconcile the cluster; returns the path of its hosts.yml. `image`: start
+    the nodes from it (a baked image) instead of the node image; remembered in the cluster's
+    state directory, so a later `up` without it (e.g. one more node) uses it again."""
+    _check_up(name, nodes, cpu_slots)
     console = console or Console(stderr=True)
     ensure_engine()
-    image = node_image(base_image, console)
+    given = image
+    image = _image_for(name, given, base_image, console)
     network, volume = f"dsc-{name}", f"dsc-{name}-shared"
     if run(["docker", "network", "inspect", network], check=False).returncode != 0:
         docker("network", "create", "--label", f"{LABEL}={name}", network)
@@ -176,7 +204,7 @@ def up(
             check=False,
         )
         if state.returncode == 0 and state.stdout.split()[1] != image:
-            console.print(f"{container} runs an older node image; recreating it")
+            console.print(f"{container} runs {state.stdout.split()[1]}, not {image}; recreating it")
             docker("rm", "-f", container)
             state = run(["docker", "inspect", container], check=False)
         if state.returncode != 0:
@@ -191,6 +219,9 @@ def up(
             docker("start", container)
 
     sdir = state_dir(name)
+    if given is not None:
+        sdir.mkdir(parents=True, exist_ok=True)
+        atomic_write(sdir / "image", given + "\n")
     key = sdir / "bootstrap_ed25519"
     pub = _ensure_keypair(key, f"dscluster-bootstrap-{name}")
     result: list[Node] = []
@@ -270,6 +301,7 @@ def down(name: str, console: Console | None = None) -> list[str]:
             (inv / item).unlink(missing_ok=True)
         shutil.rmtree(inv / "facts", ignore_errors=True)
         shutil.rmtree(inv / "reports", ignore_errors=True)
+        shutil.rmtree(inv / "logs", ignore_errors=True)
         if not any(inv.iterdir()):
             inv.rmdir()
         removed.append(str(inv))

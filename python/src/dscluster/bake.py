@@ -1,0 +1,274 @@
+"""`dscluster image bake`: a provisioned node made into an image of the whole stack.
+
+A local cluster's node becomes a Docker image: the node container is committed, the copy is
+cleaned (docker/bake/clean.sh: SSH host keys, machine id, cluster keys, known_hosts, munge
+key, Slurm configuration, caches and logs) in a throw-away container, and that container's
+filesystem is imported as one flat layer, so nothing removed survives in a lower layer. The
+node itself is not touched. `dscluster local up --image TAG` starts nodes from it; each makes
+its own host keys and machine id at first boot and `dscluster provision` gives it the
+cluster's keys and files, while its stack is already installed (ml_stack finds it complete).
+
+An AWS cluster's node becomes an AMI (`create_image`, no reboot), tagged with the cluster,
+the node and the stack's versions; `dscluster aws up --ami <id>` starts nodes from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import re
+import subprocess
+import time
+from typing import Any
+
+from rich.console import Console
+
+from .errors import DsclusterError
+from .inventory import Inventory
+from .sources.names import check_cluster_name
+
+# What the baked image or AMI is tagged with (Docker labels, EC2 tags).
+LABEL_PREFIX = "dscluster.baked"
+TAG_PREFIX = "dscluster:baked"  # sources.aws_cluster.BAKED_CLUSTER_TAG is its "-cluster"
+# An AMI name: 3 to 128 of these (EC2's rule).
+AMI_NAME_RE = re.compile(r"[A-Za-z0-9()\[\] ./'@_-]{3,128}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Bake:
+    """What `image bake` was asked for, checked against the inventory."""
+
+    kind: str  # "docker" or "aws"
+    cluster: str
+    host: str
+    name: str  # the image tag (docker) or the AMI name (aws)
+    user: str  # the training user (its ~/.ssh holds the cluster key)
+    versions: dict[str, str]
+    instance_id: str = ""
+    region: str = ""
+
+    def labels(self) -> dict[str, str]:
+        return {
+            "cluster": self.cluster,
+            "node": self.host,
+            "torch": self.versions.get("torch", ""),
+            "deepspeed": self.versions.get("deepspeed", ""),
+            "python": self.versions.get("python", ""),
+            "user": self.user,
+        }
+
+
+def default_name(kind: str, cluster: str) -> str:
+    if kind == "docker":
+        return f"dscluster/baked:{cluster}"
+    return f"dscluster-{cluster}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+
+
+def pick_host(inv: Inventory, node: str | None) -> str:
+    """--node, else the first worker (a node like every other), else the head."""
+    hosts = inv.hosts
+    if node is not None:
+        if node not in hosts:
+            raise DsclusterError(
+                f"--node {node!r} is no host of {inv.source}; use one of {', '.join(hosts)}"
+            )
+        return node
+    workers = [h for h in hosts if h != inv.head]
+    return workers[0] if workers else inv.head
+
+
+def _kind(inv: Inventory, host: str) -> str:
+    if inv.var(host, "dscluster_instance_id"):
+        return "aws"
+    state = inv.var(host, "dscluster_state_dir")
+    if state and (pathlib.Path(str(state)) / "bootstrap_ed25519").is_file():
+        return "docker"
+    raise DsclusterError(
+        f"{host} of {inv.source} is neither a local node container (made by 'dscluster local "
+        "up') nor an EC2 instance (no dscluster_instance_id): image bake makes Docker images "
+        "of local clusters and AMIs of AWS clusters; bake other machines with your own "
+        "imaging tool after 'dscluster provision'"
+    )
+
+
+def check(inv: Inventory, *, node: str | None, name: str | None) -> Bake:
+    """Every refusal that needs no Docker or AWS call: the host, that it is provisioned and
+    not left out as degraded, the image name."""
+    from .cli.local import IMAGE_REF_RE  # noqa: PLC0415
+    from .hostfile import read_degraded, read_facts_file  # noqa: PLC0415
+
+    host = pick_host(inv, node)
+    kind = _kind(inv, host)
+    cluster = str(inv.var(host, "dscluster_cluster_name") or inv.directory.name)
+    check_cluster_name(cluster)
+    degraded = read_degraded(inv)
+    if host in degraded:
+        raise DsclusterError(
+            f"{host} is left out as degraded ({degraded[host].get('reason', '')}); bake a "
+            "node that provisioned, e.g. --node "
+            + next((h for h in inv.hosts if h not in degraded), inv.head)
+        )
+    facts = inv.directory / "facts" / f"{host}.json"
+    if not facts.is_file():
+        raise DsclusterError(
+            f"{host} has no recorded facts ({facts}): it was never provisioned; run "
+            f"'dscluster provision -i {inv.source}' first, then bake"
+        )
+    versions = {
+        k: str(v) for k, v in read_facts_file(facts, host).versions.items() if isinstance(v, str)
+    }
+    if not versions.get("torch") or not versions.get("deepspeed"):
+        raise DsclusterError(
+            f"{host}'s recorded facts name no torch and DeepSpeed ({facts}); run "
+            f"'dscluster provision -i {inv.source}' to completion first, then bake"
+        )
+    if name is None:
+        name = default_name(kind, cluster)
+    elif kind == "docker" and not IMAGE_REF_RE.fullmatch(name):
+        raise DsclusterError(
+            f"--name {name!r} is not a Docker image reference; give name[:tag], e.g. "
+            f"--name dscluster/baked:{cluster}"
+        )
+    elif kind == "aws" and not AMI_NAME_RE.fullmatch(name):
+        raise DsclusterError(
+            f"--name {name!r} is not an AMI name (3 to 128 letters, digits, spaces and "
+            f"()[]./'@_-); e.g. --name dscluster-{cluster}"
+        )
+    return Bake(
+        kind=kind,
+        cluster=cluster,
+        host=host,
+        name=name,
+        user=str(inv.var(host, "dscluster_training_user") or "ds"),
+        versions=versions,
+        instance_id=str(inv.var(host, "dscluster_instance_id") or ""),
+        region=str(inv.var(host, "dscluster_aws_region") or ""),
+    )
+
+
+# -- Docker -----------------------------------------------------------------------------
+
+
+def _dockerfile(base: str, config: dict[str, Any], labels: dict[str, str]) -> str:
+    """The Dockerfile that gives the flat image (`docker import` keeps no configuration) the
+    node image's run configuration and the bake's labels; it adds no filesystem layer."""
+    lines = [f"FROM {base}"]
+    for env in config.get("Env") or []:
+        key, _, value = env.partition("=")
+        lines.append(f"ENV {key}={json.dumps(value)}")
+    if config.get("Entrypoint"):
+        lines.append(f"ENTRYPOINT {json.dumps(config['Entrypoint'])}")
+    if config.get("Cmd"):
+        lines.append(f"CMD {json.dumps(config['Cmd'])}")
+    if config.get("StopSignal"):
+        lines.append(f"STOPSIGNAL {config['StopSignal']}")
+    if config.get("WorkingDir"):
+        lines.append(f"WORKDIR {config['WorkingDir']}")
+    for key, value in sorted(labels.items()):
+        lines.append(f"LABEL {LABEL_PREFIX}.{key}={json.dumps(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def bake_docker(plan: Bake, console: Console) -> str:
+    """Commit the node, clean a copy, import it flat as plan.name; the image id."""
+    from . import paths  # noqa: PLC0415
+    from .sources.local import LABEL, docker, ensure_engine  # noqa: PLC0415
+    from .util import run  # noqa: PLC0415
+
+    ensure_engine()
+    container = f"dsc-{plan.host}"
+    found = run(
+        ["docker", "inspect", "-f", f'{{{{index .Config.Labels "{LABEL}"}}}}', container],
+        check=False,
+    )
+    if found.returncode != 0 or found.stdout.strip() != plan.cluster:
+        raise DsclusterError(
+            f"no container {container} of local cluster {plan.cluster}; start it with "
+            f"'dscluster local up --name {plan.cluster}' and provision it, then bake"
+        )
+    script = (paths.docker_dir() / "bake" / "clean.sh").read_text()
+    scratch_tag = f"dscluster/bake-scratch:{plan.cluster}"
+    flat_tag = f"dscluster/bake-flat:{plan.cluster}"
+    scratch = f"dsc-bake-{plan.cluster}"
+    started = time.monotonic()
+    run(["docker", "rm", "-f", scratch], check=False)  # one an interrupted bake left
+    try:
+        console.print(f"committing {container} (paused for the commit)")
+        docker("commit", "--pause=true", container, scratch_tag, timeout=1800)
+        console.print("cleaning a copy: host keys, machine id, cluster keys, munge key, caches")
+        run(
+            ["docker", "run", "-i", "--name", scratch, "--entrypoint", "/bin/sh",
+             scratch_tag, "-s", plan.user],
+            input=script,
+            timeout=600,
+        )  # fmt: skip
+        config = json.loads(docker("image", "inspect", scratch_tag))[0]["Config"]
+        labels = plan.labels() | {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        console.print(f"importing the cleaned copy as one layer: {plan.name}")
+        with subprocess.Popen(["docker", "export", scratch], stdout=subprocess.PIPE) as export:
+            imported = subprocess.run(
+                ["docker", "import", "-", flat_tag],
+                stdin=export.stdout,
+                capture_output=True,
+                text=True,
+                timeout=1800,
+                check=False,
+            )
+            if export.stdout is not None:
+                export.stdout.close()
+            export.wait(timeout=60)
+        if imported.returncode != 0 or export.returncode != 0:
+            last = (imported.stderr.strip().splitlines() or [f"exit {export.returncode}"])[-1]
+            raise DsclusterError(f"docker export | docker import of {scratch} failed: {last}")
+        # The run configuration and labels: metadata only, no second filesystem layer.
+        run(
+            ["docker", "build", "-q", "-t", plan.name, "-"],
+            input=_dockerfile(flat_tag, config, labels),
+            timeout=600,
+        )
+    finally:
+        run(["docker", "rm", "-f", scratch], check=False)
+        run(["docker", "image", "rm", "-f", scratch_tag, flat_tag], check=False)
+    image_id = docker("image", "inspect", "-f", "{{.Id}}", plan.name)
+    console.print(f"baked {plan.name} in {time.monotonic() - started:.0f} s")
+    return image_id
+
+
+# -- AWS --------------------------------------------------------------------------------
+
+
+def bake_aws(plan: Bake, sess: Any, *, wait_s: int = 1800, console: Console) -> str:
+    """create_image of the node's instance (no reboot), tagged; waits until it is available.
+    The AMI id."""
+    from .sources.ec2 import aws_errors, ec2_client, endpoint  # noqa: PLC0415
+
+    ec2 = ec2_client(sess)
+    tags = [{"Key": f"{TAG_PREFIX}-{k}", "Value": v} for k, v in plan.labels().items() if v]
+    tags.append({"Key": "Name", "Value": plan.name})
+    with aws_errors(plan.region or sess.region_name, endpoint(ec2)):
+        found = ec2.describe_instances(InstanceIds=[plan.instance_id])
+        states = [i["State"]["Name"] for r in found.get("Reservations", []) for i in r["Instances"]]
+        if states not in (["running"], ["stopped"]):
+            raise DsclusterError(
+                f"{plan.host}'s instance {plan.instance_id} is "
+                f"{states[0] if states else 'gone'}, not running; bake a running node "
+                "(--node) or start it"
+            )
+        console.print(f"create_image of {plan.instance_id} ({plan.host}), no reboot")
+        image_id = ec2.create_image(
+            InstanceId=plan.instance_id,
+            Name=plan.name,
+            Description=(
+                f"dscluster: {plan.cluster}/{plan.host}, torch {plan.versions.get('torch')}, "
+                f"deepspeed {plan.versions.get('deepspeed')}"
+            ),
+            NoReboot=True,
+            TagSpecifications=[{"ResourceType": "image", "Tags": tags}],
+        )["ImageId"]
+        waiter = ec2.get_waiter("image_available")
+        waiter.wait(
+            ImageIds=[image_id],
+            WaiterConfig={"Delay": 15 if wait_s > 60 else 1, "MaxAttempts": max(1, wait_s // 15)},
+        )
+    return image_id

@@ -1,0 +1,123 @@
+"""`dscluster image bake` for real: a node of the provisioned session cluster becomes a flat
+Docker image with none of its identity or secrets, the node itself untouched; a new cluster
+starts from it (`local up --image`), its provision finds the stack installed (no wheel
+reinstalled), gives each node its own host keys, machine id and the new cluster's key, and a
+smoke job passes; `local up --nodes 3` later starts the third node from the same image and
+`provision --add` joins it. Needs a Docker engine and the provisioned session cluster."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+
+import pytest
+
+from .e2e_cluster import NAME, docker, dsc
+
+pytestmark = [pytest.mark.docker]
+
+SOURCE = f"{NAME}-n2"
+TAG = f"dscluster/baked:{NAME}-test"
+BAKED = f"{NAME}-bk"
+# What must not survive into the image: a node's host keys, the cluster's keys and files.
+SECRETS = (
+    "/etc/ssh/ssh_host_ed25519_key",
+    "/etc/ssh/ssh_host_rsa_key",
+    "/etc/ssh/ssh_known_hosts",
+    "/home/ds/.ssh/id_ed25519",
+    "/home/ds/.ssh/authorized_keys",
+    "/root/.ssh/authorized_keys",
+)
+
+
+def sh(container: str, script: str) -> str:
+    return docker("exec", container, "sh", "-c", script).strip()
+
+
+def in_image(script: str) -> str:
+    return docker("run", "--rm", "--entrypoint", "/bin/sh", TAG, "-c", script).strip()
+
+
+@pytest.fixture(scope="module")
+def baked(cluster: pathlib.Path):
+    """The image, baked from the session cluster's second node; removed after the module."""
+    home = cluster.parent.parent
+    dsc("--home", str(home), "local", "down", "--name", BAKED)
+    key_before = sh(f"dsc-{SOURCE}", "cat /etc/ssh/ssh_host_ed25519_key.pub")
+    started = time.monotonic()
+    proc = dsc("image", "bake", "-i", str(cluster), "--node", SOURCE, "--name", TAG)
+    took = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    print(f"image bake: {took:.0f} s")
+    assert f"baked {TAG} from {SOURCE}" in proc.stdout
+    # the node it came from is as it was: running, same host key, same cluster key
+    assert sh(f"dsc-{SOURCE}", "cat /etc/ssh/ssh_host_ed25519_key.pub") == key_before
+    assert sh(f"dsc-{SOURCE}", "test -s /home/ds/.ssh/id_ed25519 && echo key") == "key"
+    yield home
+    dsc("--home", str(home), "local", "down", "--name", BAKED)
+    docker("image", "rm", "-f", TAG)
+
+
+def test_baked_image_is_one_layer_without_the_nodes_identity(cluster: pathlib.Path, baked):
+    info = json.loads(docker("image", "inspect", TAG))[0]
+    assert len(info["RootFS"]["Layers"]) == 1  # flat: nothing removed hides in a lower layer
+    assert info["Config"]["Cmd"] == ["/lib/systemd/systemd"]
+    assert info["Config"]["StopSignal"] == "SIGRTMIN+3"
+    facts = json.loads((cluster / "facts" / f"{SOURCE}.json").read_text())
+    labels = info["Config"]["Labels"]
+    assert labels["dscluster.baked.node"] == SOURCE
+    assert labels["dscluster.baked.torch"] == facts["versions"]["torch"]
+    assert labels["dscluster.baked.deepspeed"] == facts["versions"]["deepspeed"]
+    venv = facts["versions"]["venv"]
+    found = in_image(
+        f"for f in {' '.join(SECRETS)} /etc/munge/munge.key; do test -e $f && echo $f; done; "
+        f"wc -c < /etc/machine-id; test -x {venv}/bin/python && echo venv"
+    )
+    assert found.splitlines() == ["0", "venv"], found
+
+
+def test_cluster_from_the_baked_image_provisions_without_reinstalling(cluster: pathlib.Path, baked):
+    home = baked
+    started = time.monotonic()
+    up = dsc("--home", str(home), "local", "up", "--name", BAKED, "--nodes", "2", "--image", TAG)
+    assert up.returncode == 0, up.stderr
+    inv = home / "inventories" / BAKED
+    facts = json.loads((cluster / "facts" / f"{SOURCE}.json").read_text())
+    torch_init = f"{facts['versions']['venv']}/lib/python3.11/site-packages/torch/__init__.py"
+    stamp = in_image(f"stat -c %Y {torch_init}")
+    prov = dsc("provision", "-i", str(inv), timeout=1800)
+    ready = time.monotonic() - started
+    assert prov.returncode == 0, prov.stdout[-4000:] + prov.stderr[-3000:]
+    print(f"local up --image + provision, 2 nodes: {ready:.0f} s")
+    nodes = [f"dsc-{BAKED}-n1", f"dsc-{BAKED}-n2"]
+    for node in nodes:
+        assert docker("inspect", "-f", "{{.Config.Image}}", node).strip() == TAG
+        # the stack came with the image: the wheels were not installed again
+        assert sh(node, f"stat -c %Y {torch_init}") == stamp
+    # every node made its own identity; the new cluster's key replaced nothing of the old
+    keys = {sh(n, "cat /etc/ssh/ssh_host_ed25519_key.pub") for n in [*nodes, f"dsc-{SOURCE}"]}
+    ids = {sh(n, "cat /etc/machine-id") for n in [*nodes, f"dsc-{SOURCE}"]}
+    assert len(keys) == 3 and len(ids) == 3 and "" not in ids
+    cluster_key = sh(nodes[0], "cat /home/ds/.ssh/id_ed25519.pub")
+    assert cluster_key != sh(f"dsc-{SOURCE}", "cat /home/ds/.ssh/id_ed25519.pub")
+    assert sh(nodes[1], "cat /home/ds/.ssh/authorized_keys").splitlines() == [cluster_key]
+    smoke = dsc("smoke", "-i", str(inv), timeout=900)
+    assert smoke.returncode == 0, smoke.stdout[-3000:] + smoke.stderr[-3000:]
+
+
+def test_one_more_node_starts_from_the_remembered_image_and_joins(cluster: pathlib.Path, baked):
+    home = baked
+    inv = home / "inventories" / BAKED
+    up = dsc("--home", str(home), "local", "up", "--name", BAKED, "--nodes", "3")
+    assert up.returncode == 0, up.stderr
+    new = f"{BAKED}-n3"
+    assert docker("inspect", "-f", "{{.Config.Image}}", f"dsc-{new}").strip() == TAG
+    started = time.monotonic()
+    add = dsc("provision", "-i", str(inv), "--add", new, timeout=1800)
+    took = time.monotonic() - started
+    assert add.returncode == 0, add.stdout[-4000:] + add.stderr[-3000:]
+    print(f"provision --add {new} (baked image): {took:.0f} s")
+    assert "slots=" in (inv / "hostfile").read_text().split(new)[1].splitlines()[0]
+    smoke = dsc("smoke", "-i", str(inv), timeout=900)
+    assert smoke.returncode == 0, smoke.stdout[-3000:] + smoke.stderr[-3000:]

@@ -1,0 +1,316 @@
+"""`dscluster image bake` without a Docker engine: the checks made from the inventory alone
+(which node, provisioned or not, the image name), the flat image's run configuration, the
+cloud-config of a baked AMI, and the AWS path against a moto EC2 server over real HTTP
+(create_image, its tags, then `aws up --ami` with it). The Docker path runs for real in
+tests/e2e/test_e2e_bake.py."""
+
+from __future__ import annotations
+
+import base64
+import json
+import pathlib
+import re
+import subprocess
+import sys
+from typing import Any
+
+import boto3
+import pytest
+import yaml
+from rich.console import Console
+
+from dscluster import bake, paths
+from dscluster.errors import DsclusterError
+from dscluster.hostfile import degraded_path
+from dscluster.inventory import load
+from dscluster.sources import aws, aws_cluster
+from dscluster.sources import ec2 as ec2_access
+
+from . import aws_moto
+from .facts import write_facts
+
+REGION = aws_moto.REGION
+
+
+def local_inventory(tmp_path: pathlib.Path, hosts=("bk-n1", "bk-n2", "bk-n3"), facts=True):
+    """An inventory as `dscluster local up` writes it (its state dir holds the bootstrap
+    key), with recorded facts as provision leaves them."""
+    state = tmp_path / "state"
+    state.mkdir(parents=True)
+    (state / "bootstrap_ed25519").write_text("key\n")
+    inv = tmp_path / "inventories" / "bk"
+    (inv / "facts").mkdir(parents=True)
+    data = {
+        "all": {
+            "vars": {
+                "dscluster_cluster_name": "bk",
+                "dscluster_state_dir": str(state),
+                "dscluster_training_user": "ds",
+            },
+            "children": {
+                "head": {"hosts": {hosts[0]: {"ansible_host": "10.0.0.1"}}},
+                "workers": {
+                    "hosts": {
+                        h: {"ansible_host": f"10.0.0.{i + 2}"} for i, h in enumerate(hosts[1:])
+                    }
+                },
+            },
+        }
+    }
+    (inv / "hosts.yml").write_text(yaml.safe_dump(data))
+    if facts:
+        for host in hosts:
+            write_facts(inv / "facts", host)
+    return inv
+
+
+def test_bake_picks_the_first_worker_and_names_the_image_after_the_cluster(tmp_path):
+    plan = bake.check(load(local_inventory(tmp_path)), node=None, name=None)
+    assert (plan.kind, plan.host, plan.name, plan.user) == (
+        "docker",
+        "bk-n2",
+        "dscluster/baked:bk",
+        "ds",
+    )
+    assert plan.versions["torch"] == "2.13.0+cpu" and plan.versions["deepspeed"] == "0.19.8"
+    assert plan.labels() == {
+        "cluster": "bk",
+        "node": "bk-n2",
+        "torch": "2.13.0+cpu",
+        "deepspeed": "0.19.8",
+        "python": "",
+        "user": "ds",
+    }
+    one = bake.check(
+        load(local_inventory(tmp_path / "one", hosts=("bk-n1",))), node=None, name=None
+    )
+    assert one.host == "bk-n1"  # a 1-node cluster: its head
+    chosen = bake.check(
+        load(
+            local_inventory(tmp_path / "n"),
+        ),
+        node="bk-n1",
+        name="me/img:1",
+    )
+    assert (chosen.host, chosen.name) == ("bk-n1", "me/img:1")
+
+
+@pytest.mark.parametrize(
+    ("node", "name", "prepare", "message"),
+    [
+        ("bk-n9", None, None, r"--node 'bk-n9' is no host of .*; use one of bk-n1, bk-n2, bk-n3"),
+        (None, "Not An Image!", None, r"--name 'Not An Image!' is not a Docker image reference"),
+        (
+            None,
+            None,
+            "nofacts",
+            r"bk-n2 has no recorded facts .* never provisioned; run "
+            r"'dscluster provision -i .*' first",
+        ),
+        (None, None, "nostack", r"bk-n2's recorded facts name no torch and DeepSpeed"),
+        (
+            None,
+            None,
+            "degraded",
+            r"bk-n2 is left out as degraded \(sshd died\); bake a node "
+            r"that provisioned, e.g. --node bk-n1",
+        ),
+        (
+            None,
+            None,
+            "static",
+            r"bk-n2 of .* is neither a local node container .* nor an EC2 "
+            r"instance",
+        ),
+    ],
+)
+def test_bake_refuses_from_the_inventory_alone(tmp_path, node, name, prepare, message):
+    inv = local_inventory(tmp_path)
+    if prepare == "nofacts":
+        (inv / "facts" / "bk-n2.json").unlink()
+    elif prepare == "nostack":
+        write_facts(
+            inv / "facts",
+            "bk-n2",
+            versions={"venv": "/opt/v", "torch_extensions_dir": "/opt/t"},
+        )
+    elif prepare == "degraded":
+        degraded_path(load(inv)).write_text(
+            json.dumps({"excluded": {"bk-n2": {"reason": "sshd died", "since": "2026-11-24"}}})
+        )
+    elif prepare == "static":
+        (tmp_path / "state" / "bootstrap_ed25519").unlink()
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(DsclusterError, match=message):
+        bake.check(load(inv), node=node, name=name)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_cli_image_bake_refuses_before_any_docker_call(tmp_path):
+    inv = local_inventory(tmp_path)
+    (inv / "facts" / "bk-n2.json").unlink()
+    env = {"PATH": "/nonexistent", "DSCLUSTER_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "dscluster", "image", "bake", "-i", str(inv)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=120,
+    )
+    # exit 2: refused from the arguments and the inventory; docker (not on PATH) never ran
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "bk-n2 has no recorded facts" in line and "dscluster provision -i" in line
+
+
+def test_flat_image_gets_the_node_image_run_configuration_and_labels():
+    config = {
+        "Env": ["PATH=/usr/bin:/bin", "container=docker", "LANG=C.UTF-8"],
+        "Cmd": ["/lib/systemd/systemd"],
+        "Entrypoint": None,
+        "StopSignal": "SIGRTMIN+3",
+        "WorkingDir": "",
+    }
+    dockerfile = bake._dockerfile("flat:1", config, {"cluster": "bk", "torch": "2.13.0+cpu"})
+    assert dockerfile.splitlines() == [
+        "FROM flat:1",
+        'ENV PATH="/usr/bin:/bin"',
+        'ENV container="docker"',
+        'ENV LANG="C.UTF-8"',
+        'CMD ["/lib/systemd/systemd"]',
+        "STOPSIGNAL SIGRTMIN+3",
+        'LABEL dscluster.baked.cluster="bk"',
+        'LABEL dscluster.baked.torch="2.13.0+cpu"',
+    ]
+
+
+def test_clean_script_takes_out_what_makes_a_node_one_node(tmp_path):
+    """clean.sh on a copy of a node's files (a chroot-free run: paths rewritten under a
+    scratch root): host keys, machine id, cluster keys, known_hosts, munge key, Slurm
+    configuration go; the stack stays."""
+    script = (paths.docker_dir() / "bake" / "clean.sh").read_text()
+    root = tmp_path / "root"
+    files = {
+        "etc/ssh/ssh_host_ed25519_key": "k",
+        "etc/ssh/ssh_host_ed25519_key.pub": "k",
+        "etc/ssh/ssh_known_hosts": "bk-n1 ssh-ed25519 AAA",
+        "etc/machine-id": "0123456789abcdef0123456789abcdef\n",
+        "root/.ssh/authorized_keys": "ssh-ed25519 AAA bootstrap",
+        "home/ds/.ssh/id_ed25519": "secret",
+        "home/ds/.ssh/id_ed25519.pub": "pub",
+        "home/ds/.ssh/authorized_keys": "pub",
+        "home/ds/.ssh/config": "Host *\n",
+        "etc/munge/munge.key": "m",
+        "etc/slurm/slurm.conf": "ClusterName=bk",
+        "opt/dscluster/venv/bin/python": "#!",
+        "root/.cache/pip/x": "c",
+    }
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    # The script's absolute paths, under the scratch root; getent answers for ds.
+    rooted = re.sub(r"(?<=[\s\"'])/(etc|root|var|tmp)\b", f"{root}/\\1", script)
+    rooted = rooted.replace('"$(getent passwd "$user" | cut -d: -f6)"', f'"{root}/home/$user"')
+    # Nothing may reach this machine's own files: every absolute path left in a command is
+    # under the scratch root, or /dev/null.
+    for line in rooted.splitlines():
+        if line.lstrip().startswith("printf"):
+            continue  # the drop-in's text (the path it names on the node), not a command
+        code = line.split("#", 1)[0]
+        for path in re.findall(r"(?<![\w.$}])/[\w.*-][^\s\"';|]*", code):
+            assert path.startswith((str(root), "/dev/null", "/bin/sh")), (path, line)
+    proc = subprocess.run(
+        ["sh", "-s", "ds"], input=rooted, capture_output=True, text=True, check=False, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    left = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    assert left == [
+        "etc/machine-id",
+        "etc/systemd/system/munge.service.d/dscluster-baked.conf",
+        "home/ds/.ssh/config",
+        "opt/dscluster/venv/bin/python",
+    ]
+    assert (root / "etc/machine-id").read_text() == ""
+
+
+# ---------------------------------------------------------------- AWS, on moto
+
+
+@pytest.fixture
+def ec2(aws_env: None) -> Any:
+    return boto3.client("ec2", region_name=REGION)
+
+
+def _ubuntu(ec2: Any) -> str:
+    return ec2.describe_images(Filters=[{"Name": "name", "Values": ["ubuntu*"]}])["Images"][0][
+        "ImageId"
+    ]
+
+
+def aws_source(ec2: Any, tmp_path: pathlib.Path) -> tuple[Any, Any]:
+    """A provisioned 2-node EC2 cluster `src` (moto): its session and inventory."""
+    sess = ec2_access.session(None, REGION)
+    aws_cluster.up(sess, "src", instance_type="c5.2xlarge", count=2, ami=_ubuntu(ec2), say=print)
+    out = tmp_path / "inventories" / "src"
+    aws.write_inventory(sess, "src", out_dir=out, console_keys=False)
+    inv = load(out)
+    (out / "facts").mkdir(exist_ok=True)
+    for host in inv.hosts:
+        write_facts(out / "facts", host)
+    return sess, inv
+
+
+def test_aws_bake_makes_a_tagged_ami_that_aws_up_starts_clean(ec2, tmp_path):
+    sess, inv = aws_source(ec2, tmp_path)
+    plan = bake.check(inv, node=None, name="dscluster-src-test")
+    worker = inv.hosts[1]
+    assert (plan.kind, plan.host, plan.region) == ("aws", worker, REGION)
+    assert plan.instance_id == inv.var(worker, "dscluster_instance_id")
+    aws_moto.reset()  # the request log: from here on, only what bake sends
+
+    ami = bake.bake_aws(plan, sess, wait_s=30, console=Console())
+    (create,) = aws_moto.requests("CreateImage")
+    assert create["InstanceId"] == [plan.instance_id] and create["NoReboot"] == ["true"]
+    (image,) = ec2.describe_images(ImageIds=[ami])["Images"]
+    assert image["Name"] == "dscluster-src-test"
+    tags = {t["Key"]: t["Value"] for t in image.get("Tags", [])}
+    assert tags[aws_cluster.BAKED_CLUSTER_TAG] == "src"
+    assert tags["dscluster:baked-node"] == worker
+    assert tags["dscluster:baked-torch"] == "2.13.0+cpu"
+    assert tags["dscluster:baked-deepspeed"] == "0.19.8"
+    assert tags[aws_cluster.BAKED_USER_TAG] == "ds"
+
+    # aws up from the baked AMI: each node is told to clean it once, at first boot
+    lines: list[str] = []
+    aws_cluster.up(sess, "next", instance_type="c5.2xlarge", count=2, ami=ami, say=lines.append)
+    (run,) = aws_moto.requests("RunInstances")
+    assert run["ImageId"] == [ami]
+    user_data = base64.b64decode(run["UserData"][0]).decode()
+    cloud = yaml.safe_load(user_data)
+    (cmd,) = cloud["bootcmd"]
+    assert cmd[:4] == ["cloud-init-per", "instance", "dscluster-baked-clean", "sh"]
+    encoded = re.search(r"echo (\S+) \| base64 -d \| sh -s -- ds first-boot", cmd[5])
+    assert encoded is not None
+    assert base64.b64decode(encoded[1]) == (paths.docker_dir() / "bake" / "clean.sh").read_bytes()
+    assert any("baked by dscluster" in line for line in lines)
+
+    # a plain AMI: no user data
+    aws_moto.reset()
+    aws_cluster.up(sess, "plain", instance_type="c5.2xlarge", count=1, ami=_ubuntu(ec2), say=print)
+    (plain,) = aws_moto.requests("RunInstances")
+    assert "UserData" not in plain
+
+
+def test_aws_bake_refuses_a_terminated_node(ec2, tmp_path):
+    sess, inv = aws_source(ec2, tmp_path)
+    plan = bake.check(inv, node=None, name=None)
+    assert re.fullmatch(r"dscluster-src-\d{8}T\d{6}Z", plan.name)
+    ec2.terminate_instances(InstanceIds=[plan.instance_id])
+    aws_moto.reset()
+    with pytest.raises(
+        DsclusterError,
+        match=rf"instance {plan.instance_id} is (shutting-down|terminated), not running",
+    ):
+        bake.bake_aws(plan, sess, wait_s=30, console=Console())
+    assert aws_moto.requests("CreateImage") == []
