@@ -370,6 +370,30 @@ def test_user_layer_tasks_add_change_and_remove_without_touching_the_base(stack)
     assert not (stack / "node" / "user").exists()
     assert not (stack / "venv" / "dscluster-user-lock.json").exists()
 
+    # torch and DeepSpeed are imported again only when the venv's distributions change:
+    # the cached answer holds while every RECORD keeps its mtime and size.
+    venv_python = stack / "venv" / "bin" / "python"
+    script = rolefiles.path("ml_stack", "files/record_versions.py")
+
+    def read() -> dict:
+        out = subprocess.run(
+            [str(venv_python), str(script), str(stack / "node")],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        )
+        return json.loads(out.stdout)
+
+    assert read()["torch"] == "2.13.0+cpu"
+    assert (stack / "venv" / "dscluster-stack-cache.json").is_file()
+    (torch_init,) = (stack / "venv").glob("lib/python*/site-packages/torch/__init__.py")
+    torch_init.write_text(torch_init.read_text().replace("2.13.0+cpu", "9.9.9+cpu"))
+    assert read()["torch"] == "2.13.0+cpu"  # no distribution changed: the cached reading
+    (record,) = (stack / "venv").glob("lib/python*/site-packages/torch-*.dist-info/RECORD")
+    record.write_text(record.read_text() + "\n")  # what any (re)install does to it
+    assert read()["torch"] == "9.9.9+cpu"
+
 
 # ---- wheel digests kept with size and mtime: a re-converge does not read every wheel ----
 

@@ -10,7 +10,11 @@ skips the install (the venv's lock copies, the tools layer's uv and these script
 digests are in it for that).
 
 Wheel digests are kept in the venv (HASH_CACHE) with each file's size and mtime, so a
-re-converge does not read every wheel (torch alone is hundreds of MB) again.
+re-converge does not read every wheel (torch alone is hundreds of MB) again. What only an
+import of torch and DeepSpeed can tell (their versions, the ops built in, the CUDA and NCCL
+torch was built with) is kept there too (STACK_CACHE), under a stamp of every installed
+distribution's RECORD (name, mtime, size): any install, removal or reinstall in the venv
+changes the stamp and the next reading imports them again.
 """
 
 import contextlib
@@ -24,6 +28,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 
 def sha256(path: pathlib.Path) -> str:
@@ -35,6 +40,7 @@ def sha256(path: pathlib.Path) -> str:
 
 
 HASH_CACHE = pathlib.Path(sys.prefix) / "dscluster-wheel-hashes.json"
+STACK_CACHE = pathlib.Path(sys.prefix) / "dscluster-stack-cache.json"
 
 
 def wheel_digests(folder: pathlib.Path) -> dict[str, str]:
@@ -189,25 +195,52 @@ def user_layer(user_dir: pathlib.Path | None) -> dict:
     }
 
 
-def main() -> int:
-    wheelhouse = pathlib.Path(sys.argv[1])
-    user_dir = pathlib.Path(sys.argv[2]) if len(sys.argv) > 2 else None
-    tools_venv = pathlib.Path(sys.argv[3]) if len(sys.argv) > 3 else None
+def installed_stamp() -> str:
+    """Every installed distribution of this venv, as its RECORD's name, mtime and size."""
+    digest = hashlib.sha256()
+    for site in sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}):
+        for record in sorted(pathlib.Path(site).glob("*.dist-info/RECORD")):
+            st = record.stat()
+            digest.update(f"{record.parent.name}\0{st.st_mtime_ns}\0{st.st_size}\n".encode())
+    return digest.hexdigest()
+
+
+def stack_versions() -> dict:
+    """torch's and DeepSpeed's own answers (STACK_CACHE while the venv is unchanged)."""
+    stamp = installed_stamp()
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        cached = json.loads(STACK_CACHE.read_text())
+        if cached["stamp"] == stamp:
+            return dict(cached["versions"])
     # DeepSpeed logs to stdout while importing; keep stdout for the JSON alone.
     with contextlib.redirect_stdout(sys.stderr):
         import deepspeed  # noqa: PLC0415
         import torch  # noqa: PLC0415
         from deepspeed.git_version_info import installed_ops  # noqa: PLC0415
-
-    lock = wheelhouse / "requirements.lock"
-    manifest = {
-        "python": platform.python_version(),
+    versions = {
         "torch": torch.__version__,
         "deepspeed": deepspeed.__version__,
         "installed_ops": sorted(name for name, built in installed_ops.items() if built),
         "accelerator": accelerator(torch),
         "cuda": torch.version.cuda or "",
         "nccl": nccl_version(torch),
+    }
+    with contextlib.suppress(OSError):
+        tmp = STACK_CACHE.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"stamp": stamp, "versions": versions}))
+        os.replace(tmp, STACK_CACHE)
+    return versions
+
+
+def main() -> int:
+    wheelhouse = pathlib.Path(sys.argv[1])
+    user_dir = pathlib.Path(sys.argv[2]) if len(sys.argv) > 2 else None
+    tools_venv = pathlib.Path(sys.argv[3]) if len(sys.argv) > 3 else None
+
+    lock = wheelhouse / "requirements.lock"
+    manifest = {
+        "python": platform.python_version(),
+        **stack_versions(),
         "nvidia_driver": nvidia_driver(),
         "synapseai": package_version("habanalabs-graph"),
         "libfabric": libfabric(),
