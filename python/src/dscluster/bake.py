@@ -27,6 +27,7 @@ from rich.console import Console
 from .errors import DsclusterError
 from .inventory import Inventory
 from .sources.names import check_cluster_name
+from .validate import IMAGE_REF_RE
 
 # What the baked image or AMI is tagged with (Docker labels, EC2 tags).
 LABEL_PREFIX = "dscluster.baked"
@@ -95,7 +96,6 @@ def _kind(inv: Inventory, host: str) -> str:
 def check(inv: Inventory, *, node: str | None, name: str | None) -> Bake:
     """Every refusal that needs no Docker or AWS call: the host, that it is provisioned and
     not left out as degraded, the image name."""
-    from .cli.local import IMAGE_REF_RE  # noqa: PLC0415
     from .hostfile import read_degraded, read_facts_file  # noqa: PLC0415
 
     host = pick_host(inv, node)

@@ -21,6 +21,12 @@ from collections.abc import Callable
 
 from .errors import DsclusterError
 
+# A Docker image reference: [registry[:port]/]path[:tag][@digest], full match.
+IMAGE_REF_RE = re.compile(
+    r"(?:[a-z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?"
+)
+
 MAX_PORT = 65535
 MAX_SLOTS = 1024  # per node: more than any machine has accelerators or sensible CPU ranks
 MAX_NODES = 16_384  # as hostfile.MAX_HOSTS: node lists, host lists, --nodes

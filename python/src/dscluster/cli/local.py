@@ -9,6 +9,7 @@ from rich.console import Console
 
 from .. import validate
 from ..sources.names import check_cluster_name
+from ..validate import IMAGE_REF_RE
 from . import flags
 
 # Local clusters are containers on one machine: beyond this many, the machine is the limit.
@@ -16,11 +17,6 @@ MAX_LOCAL_NODES = 64
 # Docker's --shm-size: a number with an optional unit b, k, m or g.
 SHM_SIZE_RE = re.compile(r"(?P<number>[0-9]+(?:\.[0-9]+)?)(?P<unit>[bkmg]?)", re.IGNORECASE)
 _UNIT = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-# A Docker image reference: [registry[:port]/]path[:tag][@digest], full match.
-IMAGE_REF_RE = re.compile(
-    r"(?:[a-z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
-    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?"
-)
 
 
 def shm_size_type(text: str) -> str:
