@@ -97,6 +97,16 @@ unit: venv ## Python unit tests (no Docker)
 e2e: images ## End-to-end test: local cluster, provision, hostfile, smoke, DeepSpeed parsers
 	bash scripts/pytest.sh -m "docker and not installed" --durations=25
 
+# make test splits `e2e` in two: the modules on the shared e2e cluster (the critical path)
+# and the docker tests with containers of their own, which run in the molecule lane.
+.PHONY: e2e-cluster
+e2e-cluster: images
+	bash scripts/pytest.sh -m "docker and not installed and not own_containers" --durations=25
+
+.PHONY: e2e-own
+e2e-own: images
+	$(NICE) bash scripts/pytest.sh -m "docker and own_containers and not installed" --durations=10
+
 .PHONY: installed
 installed: images ## The wheel and collection installed away from the clone: static, local up, provision, smoke, FQCN roles
 	$(NICE) bash scripts/pytest.sh -m installed --durations=10
@@ -151,7 +161,7 @@ training-image: venv engine ## Multi-node training image from a wheelhouse (VARI
 .PHONY: test
 test: lint images ## Everything: lint, the wheelhouse, then three lanes side by side (each one's output printed when it ends)
 	@$(MAKE) --no-print-directory wheelhouse
-	@$(MAKE) --no-print-directory -j3 --output-sync=target unit-installed molecule-serial e2e NICE="nice -n 10"
+	@$(MAKE) --no-print-directory -j3 --output-sync=target unit-installed molecule-serial e2e-cluster NICE="nice -n 10"
 
 # Before the lanes, alone: on a cold machine the DeepSpeed build gets both cores instead of
 # three lanes waiting on its lock; with a wheelhouse cached for the pins it does nothing.
@@ -160,17 +170,19 @@ wheelhouse: images ## The controller's wheelhouse (torch + DeepSpeed with its op
 	bash scripts/wheelhouse.sh
 
 # Lane 1: the unit tests, the installed-package test (a venv, a 2-node cluster), the role
-# scenarios. Lane 2 (molecule-serial): the project scenarios. Lane 3: e2e.
+# scenarios. Lane 2 (molecule-serial): the project scenarios, then e2e-own. Lane 3: e2e-cluster.
 .PHONY: unit-installed
 unit-installed: images
 	@$(MAKE) --no-print-directory unit
 	@$(MAKE) --no-print-directory installed
 	@$(MAKE) --no-print-directory molecule-roles
 
-# The scenarios one after the other: beside e2e, two converges at once slow e2e's own.
+# The scenarios one after the other (beside e2e, two converges at once slow e2e's own),
+# then the e2e tests that bring their own containers.
 .PHONY: molecule-serial
 molecule-serial: images
 	@$(MAKE) --no-print-directory molecule-accelerators molecule-storage molecule-cluster
+	@$(MAKE) --no-print-directory e2e-own
 
 .PHONY: bench
 bench: images ## Timings: demo cold vs warm, re-converge, job start with/without pre-built ops

@@ -14,7 +14,8 @@ import pytest
 
 from .. import rolefiles
 
-pytestmark = pytest.mark.docker
+# Its own two containers: no use of the session cluster (make test runs it beside e2e).
+pytestmark = [pytest.mark.docker, pytest.mark.own_containers]
 
 ROOT = rolefiles.REPO
 BUILD = ROOT / "docker" / "training" / "build.sh"

@@ -37,6 +37,29 @@ def test_cpu_build_host_gets_cpu_torch_and_cpu_ops():
     assert sel["key"].startswith("cpu-torch2.13.0-ds0.19.8-cp")
 
 
+def test_only_a_cpu_build_starts_early_and_ml_stack_joins_only_its_own_key():
+    cpu = facts(accelerators={"kind": "cpu", "count": 0})
+    rc, sel, out = select(cpu)
+    assert rc == 0, out
+    # base brings a CPU build's toolchain: it may start right after base; ml_stack builds
+    # in the foreground unless this run started this key's build
+    assert sel["build_early"] is True and sel["build_phase"] == "all"
+    rc, joined, out = select(cpu | {"__ml_stack_build_job": {"jid": "j1", "key": sel["key"]}})
+    assert rc == 0, out
+    assert joined["build_phase"] == "join"
+    rc, other, out = select(cpu | {"__ml_stack_build_job": {"jid": "j1", "key": "cpu-other"}})
+    assert rc == 0, out
+    assert other["build_phase"] == "all"  # a build of another key is not this one's
+    rc, off, out = select(cpu | {"ml_stack_build_early": False})
+    assert rc == 0, out
+    assert off["build_early"] is False
+    # CUDA needs the toolkit of the accelerators play first
+    gpu = facts(accelerators={"kind": "cuda", "count": 4}, nvidia={"cuda": "12.8"})
+    rc, sel, out = select(gpu)
+    assert rc == 0, out
+    assert sel["build_early"] is False and sel["build_phase"] == "all"
+
+
 @pytest.mark.parametrize(("cuda", "variant"), [("12.8.1", "cu128"), ("12.6", "cu126")])
 def test_gpu_build_host_gets_the_torch_of_its_cuda(cuda, variant):
     rc, sel, out = select(facts(accelerators={"kind": "cuda", "count": 4}, nvidia={"cuda": cuda}))
