@@ -1,6 +1,8 @@
 """The collection's root as a plain Ansible project: `ansible-playbook site.yml -i
 inventories/<name>/hosts.yml` from the clone's root, with no dscluster in between, converges
-the provisioned e2e cluster again and changes nothing."""
+the provisioned e2e cluster again and changes nothing; the molecule cluster scenario's
+verify playbook passes on the same cluster (make test runs it here instead of converging a
+cluster of its own: `make molecule-cluster` still runs the whole scenario)."""
 
 from __future__ import annotations
 
@@ -23,18 +25,38 @@ RECAP = re.compile(
 )
 
 
-def test_ansible_playbook_site_yml_from_the_root(cluster: pathlib.Path):
+def ansible_playbook(playbook: str, cluster: pathlib.Path) -> subprocess.CompletedProcess[str]:
+    """`ansible-playbook PLAYBOOK -i <cluster>/hosts.yml` from the clone's root, the
+    environment without ANSIBLE_* (the root's ansible.cfg applies, as for a user there)."""
     bin_dir = pathlib.Path(sys.executable).parent
-    playbook = shutil.which("ansible-playbook", path=str(bin_dir)) or "ansible-playbook"
+    program = shutil.which("ansible-playbook", path=str(bin_dir)) or "ansible-playbook"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
-    proc = subprocess.run(
-        [playbook, "site.yml", "-i", str(cluster / "hosts.yml")],
+    return subprocess.run(
+        [program, playbook, "-i", str(cluster / "hosts.yml")],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=1800, check=False,
     )  # fmt: skip
+
+
+def test_ansible_playbook_site_yml_from_the_root(cluster: pathlib.Path):
+    proc = ansible_playbook("site.yml", cluster)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     recap = {m[0]: [int(x) for x in m[1:]] for m in RECAP.findall(proc.stdout)}
     assert sorted(recap) == sorted(f"{cluster.name}-n{i}" for i in (1, 2, 3)), proc.stdout[-2000:]
     for host, (ok, changed, unreachable, failed) in recap.items():
         assert ok > 0 and unreachable == 0 and failed == 0, (host, proc.stdout[-3000:])
         assert changed == 0, (host, proc.stdout[-6000:])
+
+
+def test_the_cluster_scenarios_verify_passes_on_the_e2e_cluster(cluster: pathlib.Path):
+    """molecule/cluster/verify.yml (SSH between every pair with pinned keys, distinct host
+    keys, one stack and wheel set everywhere matching the lock, the wheelhouse on shared
+    storage once, pdsh from the head, cpu_adam loads without JIT, facts on the controller)."""
+    proc = ansible_playbook("molecule/cluster/verify.yml", cluster)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    recap = {m[0]: [int(x) for x in m[1:]] for m in RECAP.findall(proc.stdout)}
+    assert sorted(recap) == sorted(f"{cluster.name}-n{i}" for i in (1, 2, 3)), proc.stdout[-2000:]
+    for host, (ok, changed, unreachable, failed) in recap.items():
+        # every check ran on every node (13 tasks, 3 of them once, on the head) and none failed
+        assert ok >= 10 and unreachable == 0 and failed == 0, (host, proc.stdout[-3000:])
+        assert changed == 0, (host, proc.stdout[-3000:])
