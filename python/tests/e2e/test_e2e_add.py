@@ -36,6 +36,9 @@ PRUNE = (
     "/var/log",
     "/var/cache",
     "/root/.ansible",
+    # Slurm's daemons' own state (StateSaveLocation, SlurmdSpoolDir): slurmctld saves it
+    # whenever a node's state changes (the worker taken out and back), provision or not
+    "/var/lib/slurm",
 )
 
 
