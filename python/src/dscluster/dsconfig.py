@@ -414,7 +414,16 @@ def check_on_cluster(
             except json.JSONDecodeError as exc:
                 results[path.stem] = {"error": f"unreadable check output ({exc})"}
         for host, task, message in result.failures:
-            results.setdefault(host, {"error": f"{task}: {message}"})
+            # A failure of the whole run (host "-": it ended, timed out, or reached no node
+            # before any task) is every unanswered node's reason: named, never "no result".
+            for name in [host] if host in hosts else hosts:
+                results.setdefault(name, {"error": f"{task}: {message}"})
+        for name in hosts:
+            ran = result.hosts.get(name)
+            if name not in results and not (ran and ran.ok + ran.failed + ran.skipped):
+                results[name] = {
+                    "error": f"dsconfig.yml ({result.status}, rc {result.rc}) ran no task on it"
+                }
         return results
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -135,10 +135,13 @@ def test_zero3_nvme_config_with_node_local_checkpoints(local_storage_inventory: 
     # DeepSpeed's default swap buffers (5 x 1e8 elements) lock far more memory than a
     # container may (docker's default ulimit -l): refused, naming every node.
     big = dsc("dsconfig", "-i", str(inv), "--zero", "3", "--offload", "nvme", timeout=600)
-    assert big.returncode == 1
+    assert big.returncode == 1, big.stdout[-2000:] + big.stderr[-3000:]
     line = big.stderr.strip().splitlines()[-1]
     for host in HOSTS:
-        assert f"{host}: NVMe offload locks 1907 MiB per rank for its swap buffers" in line, line
+        # the whole stderr on failure: the tasks the check ran before the verdict
+        assert f"{host}: NVMe offload locks 1907 MiB per rank for its swap buffers" in line, (
+            big.stdout[-2000:] + big.stderr[-4000:]
+        )
     assert not (inv / "dsconfig" / "ds_config_zero3_nvme.json").exists()
     # Buffers that fit (and hold the smoke model's largest parameter, 256 x 256).
     proc = dsc(

@@ -10,7 +10,7 @@ import typing
 
 import pytest
 
-from dscluster import dsconfig, storage
+from dscluster import dsconfig, runner, storage
 from dscluster.errors import DsclusterError
 from dscluster.hostfile import NodeFacts
 from dscluster.jobs import dsconfig_check
@@ -414,3 +414,35 @@ def test_smoke_refuses_an_auto_config(tmp_path):
     assert "the smoke job does not" in msg and "without --hf" in msg
     path.write_text(json.dumps(build()))
     assert checked_ds_config(path) == path
+
+
+@pytest.mark.parametrize(
+    ("failures", "reason"),
+    [
+        # The run itself failed (host "-"): its reason is every node's, not "no check result".
+        ([("-", "dsconfig.yml", "ERROR! the inventory could not be parsed")],
+         "the check did not run (dsconfig.yml: ERROR! the inventory could not be parsed)"),
+        # A run that ended well but reached none of the nodes.
+        ([], "the check did not run (dsconfig.yml (successful, rc 0) ran no task on it)"),
+    ],
+)  # fmt: skip
+def test_a_check_run_that_reached_no_node_says_why_for_each(
+    inventory_dir, monkeypatch, failures, reason
+):
+    def fake_run(playbook, inv, **kwargs):
+        assert playbook == "dsconfig.yml"
+        rc = 2 if failures else 0
+        status = "failed" if failures else "successful"
+        hosts = {h: runner.HostSummary() for h in inv.hosts}
+        return runner.PlaybookResult(status=status, rc=rc, hosts=hosts, failures=failures)
+
+    write_facts(inventory_dir / "facts", "node-c", kind="cuda", count=2)  # one kind
+    monkeypatch.setattr(runner, "run_playbook", fake_run)
+    rc, _, err = run_cli("dsconfig", "-i", str(inventory_dir), "--zero", "2")
+    assert rc == 1
+    line = err.strip().splitlines()[-1]
+    assert "3 problem(s), nothing written" in line, line
+    for host in ("node-a", "node-b", "node-c"):
+        assert f"{host}: {reason}" in line, line
+    assert "no check result" not in line
+    assert not (inventory_dir / "dsconfig").exists()
