@@ -103,6 +103,38 @@ def test_launch_exits_with_the_jobs_status_naming_the_node(cluster: pathlib.Path
     assert "lost node" not in line
 
 
+HANG_AT_EXIT = textwrap.dedent(
+    """\
+    import os, socket, sys, time
+    rank = os.environ.get("RANK")
+    os.write(1, f"UP rank {rank} on {socket.gethostname()}\\n".encode())
+    if rank == sys.argv[-1]:
+        time.sleep(900)  # as a rank deadlocked at exit: the others are done
+    """
+)
+
+
+def test_launch_cut_at_its_time_limit_names_the_rank_still_running(
+    cluster: pathlib.Path, tmp_path: pathlib.Path
+):
+    """A job cut by --timeout says which rank was still running, and on which node: the
+    others finished (their torchrun agents still waiting for it are not ranks)."""
+    script = tmp_path / "hang_at_exit.py"
+    script.write_text(HANG_AT_EXIT)
+    proc = dsc(
+        "launch", "-i", str(cluster), "--launcher", "torchrun", "--timeout", "60",
+        "--no-doctor", "--master-port", PORT, "--", str(script), "1", timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 124, proc.stdout[-3000:] + proc.stderr[-2000:]
+    for rank, host in enumerate(HOSTS):
+        assert f"UP rank {rank} on {host}" in proc.stdout, proc.stdout[-3000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "job exited 124 (cut at --timeout; still running at the time limit: " in line, line
+    note = line.split("still running at the time limit: ", 1)[1]
+    assert note.startswith(f"rank 1 on {HOSTS[1]} (") and "hang_at_exit.py 1)" in note, line
+    assert HOSTS[0] not in note and HOSTS[2] not in note, line
+
+
 def test_launch_unknown_host_is_one_line_before_anything_runs(cluster: pathlib.Path):
     proc = dsc("launch", "-i", str(cluster), "--include", "nosuch", "--", "/bin/true", timeout=120)
     assert proc.returncode == 1

@@ -320,6 +320,31 @@ def test_cli_keeps_the_lost_node_wording(tmp_path, inventory_dir, monkeypatch, c
     assert ": job exited 1, lost node(s) node-c (node-c: ssh exited with code 255); log " in last
 
 
+@pytest.mark.parametrize(
+    ("said", "note"),
+    [
+        # a rank hung at exit on one node (the others done): that node is the one named
+        ("dscluster: still running at the time limit: rank 1 on node-b (python -u train.py)",
+         "; still running at the time limit: rank 1 on node-b (python -u train.py))"),
+        ("dscluster: no rank was still running at the time limit",
+         "; no rank was still running at the time limit)"),
+        (None, ")"),  # a watcher killed before it could look: the exit alone
+    ],
+)  # fmt: skip
+def test_cli_names_the_ranks_still_running_at_the_time_limit(
+    tmp_path, inventory_dir, monkeypatch, capsys, said, note
+):
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    log = ["node-a: RESULT {}", "dscluster: the job's time limit was reached; ending the launcher"]
+    log += [said] if said else []
+    monkeypatch.setattr(launch_run, "run_playbook", fake_job(log, 124))
+    rc, _, _ = run_cli("launch", "-i", str(inventory_dir), "--no-doctor", "--", str(script))
+    assert rc == 124
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f": job exited 124 (cut at --timeout{note}; log " in last, last
+
+
 def test_watch_says_a_rank_failed_and_still_ends_the_hung_launcher(tmp_path):
     launcher = tmp_path / "launcher.sh"
     launcher.write_text(

@@ -327,8 +327,15 @@ def fake_pdsh(tmp_path: pathlib.Path, monkeypatch) -> pathlib.Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     pdsh = bin_dir / "pdsh"
-    pdsh.write_text('#!/bin/bash\necho "$@" >> "$PDSH_ARGS_LOG"\nexec bash -c "${@: -1}"\n')
+    # pdsh's "host: " prefix, as the first host of -w (every "node" is this machine)
+    pdsh.write_text(
+        '#!/bin/bash\necho "$@" >> "$PDSH_ARGS_LOG"\n'
+        'while [ "$1" != -w ]; do shift; done; host=${2%%,*}\n'
+        'bash -c "${@: -1}" | sed "s/^/$host: /"\n'
+    )
     pdsh.chmod(0o755)
+    for name in launch_watch.RANK_VARS:  # only the test's own "ranks" carry one
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("PDSH_ARGS_LOG", str(tmp_path / "pdsh.args"))
     return tmp_path / "pdsh.args"
@@ -406,8 +413,50 @@ def test_watch_ends_the_job_on_sigterm(tmp_path, fake_pdsh):
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 124
     assert "dscluster: the job's time limit was reached; ending the launcher" in out
+    # the launcher's own processes carry the marker but no rank variable
+    assert "dscluster: no rank was still running at the time limit\n" in out
     assert time.monotonic() - started < 15
     assert not alive(int((tmp_path / "hang.pid").read_text()))
+
+
+def test_watch_names_the_ranks_still_running_at_the_time_limit(tmp_path, fake_pdsh):
+    """A rank hung at exit (outside the launcher's group, as remote ranks are), with a child
+    that inherits its environment, and a rank that finished: only the running rank is named,
+    once, and it is then reaped."""
+    proc, _, marker = watch(
+        tmp_path,
+        "RANK=0 true\n"
+        "RANK=2 setsid bash -c 'sleep 300 & wait' & echo $! > rank.pid\n"
+        "sleep 1; echo started; sleep 300 & wait\n",
+    )
+    assert proc.stdout.readline() == "started\n"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 124
+    said = [line for line in out.splitlines() if "at the time limit" in line]
+    running = "rank 2 on h1 (bash -c sleep 300 & wait)"
+    assert said == [f"dscluster: still running at the time limit: {running}"], out
+    assert not alive(int((tmp_path / "rank.pid").read_text()))
+    surveyed, reaped = fake_pdsh.read_text().splitlines()
+    assert " -w h1,h2,h3 " in surveyed and marker in surveyed and "dscluster-rank" in surveyed
+    assert "kill -9" in reaped
+
+
+def test_survey_command_quotes_the_marker_and_reads_every_rank_variable():
+    command = launch_watch.survey_command("K=it's")
+    assert "grep -qsxzF 'K=it'\\''s'" in command
+    assert "^(RANK|OMPI_COMM_WORLD_RANK|PMI_RANK)=" in command
+    lines = [
+        "h2: dscluster-rank 3 77 /opt/dscluster/venv/bin/python -u train.py",
+        "h2: dscluster-rank 3 78 python -u train.py",  # its dataloader worker
+        "h1: dscluster-rank 0 12 ",
+        "h1: not a survey line",
+    ]
+    assert launch_watch.still_running(lines) == (
+        "still running at the time limit: rank 0 on h1, rank 3 on h2 (python -u train.py)"
+    )
+    assert launch_watch.still_running(["h1: other"]) == launch_watch.NONE_RUNNING
+    assert launch_watch.short_args("/usr/bin/python3 " + "x" * 200) == "python3 " + "x" * 111 + "…"
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from rich.console import Console
 from .. import validate
 from ..errors import DsclusterError
 from ..launch import LAUNCHERS
-from ..launch.watch import ScriptFailure
+from ..launch.watch import ScriptFailure, time_limit_note
 from . import flags
 
 
@@ -173,7 +173,11 @@ def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
             highlight=False,
         )
         return 0
-    why = f"exited {result.rc}" + (" (cut at --timeout)" if result.rc in (124, 137) else "")
+    why = f"exited {result.rc}"
+    if result.rc in (124, 137):
+        # the ranks still running when the limit came: the node to look at, not only 124
+        note = time_limit_note(result.log_lines)
+        why += " (cut at --timeout" + (f"; {note})" if note else ")")
     lost = result.lost_nodes
     if result.failure is not None:
         why += _failure(result.failure, err)

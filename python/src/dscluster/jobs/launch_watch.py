@@ -12,7 +12,9 @@ DeepSpeed's runner answers by killing its remote launchers; SIGKILL to what is l
 kills, on every node still reachable, the processes whose environment carries the
 marker (the job's ranks and per-node launchers), so ranks waiting in a collective for the lost
 node do not linger until the collective's timeout. SIGTERM to the watcher (the job's time limit)
-ends the job the same way.
+ends the job the same way, after it has said which ranks were still running and where (a
+rank hung at exit or in a collective: "still running at the time limit: rank 1 on node2
+(python -u train.py)"), which `dscluster launch` puts in its error line.
 
 Exit status: the launcher's own when it ended by itself (128+N for a signal), 1 when the
 watcher ended it because a node was lost. Only the standard library: it runs in the nodes' venv.
@@ -84,6 +86,59 @@ def reap_command(marker: str) -> str:
     )
 
 
+# A rank of the job: the launchers put its global rank in its environment (torchrun and
+# DeepSpeed's launch.py: RANK; OpenMPI: OMPI_COMM_WORLD_RANK; MPICH/Intel MPI: PMI_RANK).
+RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+# survey_command's lines, after pdsh's "host: " prefix
+SURVEY_RE = re.compile(
+    r"^(?P<host>[^:\s]+): dscluster-rank (?P<rank>\d+) (?P<pid>\d+) ?(?P<args>.*)$"
+)
+# What the watcher says at the time limit (launch/watch.py reads it back for the error line)
+STILL_RUNNING = "still running at the time limit: "
+NONE_RUNNING = "no rank was still running at the time limit"
+
+
+def survey_command(marker: str) -> str:
+    """Shell run on a node: one line per process of the job that is a rank (the marker and a
+    rank variable in its environment): 'dscluster-rank RANK PID ARGS'."""
+    quoted = "'" + marker.replace("'", "'\\''") + "'"
+    names = "|".join(RANK_VARS)
+    return (
+        "for p in /proc/[0-9]*; do grep -qsxzF "
+        + quoted
+        + " \"$p/environ\" || continue; r=$(tr '\\0' '\\n' < \"$p/environ\" 2>/dev/null"
+        + f" | sed -nE 's/^({names})=([0-9]+)$/\\2/p' | head -n 1)"
+        + '; [ -n "$r" ] || continue'
+        + "; a=$(tr '\\0' ' ' < \"$p/cmdline\" 2>/dev/null | cut -c 1-300)"
+        + '; echo "dscluster-rank $r ${p#/proc/} $a"; done; exit 0'
+    )
+
+
+def short_args(args: str, width: int = 120) -> str:
+    """A process's command line for one line of output: its program by base name (the
+    venv's python, not its path), at most width characters."""
+    words = args.split()
+    if words:
+        words[0] = words[0].rsplit("/", 1)[-1]
+    text = " ".join(words)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def still_running(lines: list[str]) -> str:
+    """The watcher's verdict on survey lines: which ranks still ran, on which node, first
+    process of each (host, rank) only (a rank's own children carry its environment)."""
+    seen: dict[tuple[int, str], str] = {}
+    for line in lines:
+        if m := SURVEY_RE.match(line.rstrip("\n")):
+            seen.setdefault((int(m["rank"]), m["host"]), short_args(m["args"]))
+    if not seen:
+        return NONE_RUNNING
+    return STILL_RUNNING + ", ".join(
+        f"rank {rank} on {host}" + (f" ({args})" if args else "")
+        for (rank, host), args in sorted(seen.items())
+    )
+
+
 class Watch:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -134,6 +189,7 @@ class Watch:
                 break
             if self.cut:
                 self.say("the job's time limit was reached; ending the launcher")
+                self._survey()
                 self._end(proc)
                 ended_by_us = True
                 break
@@ -184,27 +240,49 @@ class Watch:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
 
-    def _reap(self) -> None:
-        """Kill what is left of the job on every node that can still be reached."""
-        hosts = [h for h in self.args.hosts.split(",") if h and not self.lost.get(h, ("", 0))[1]]
+    def _reachable(self) -> list[str]:
+        return [h for h in self.args.hosts.split(",") if h and not self.lost.get(h, ("", 0))[1]]
+
+    def _pdsh(self, command: str, timeout: int, doing: str) -> list[str] | None:
+        """Run a command on every reachable node (pdsh -u timeout); its output lines
+        ("host: ..."), None when pdsh could not run or did not end (then it says so)."""
+        hosts = self._reachable()
         if not hosts:
-            return
+            return []
         key = self.args.marker.partition("=")[0]
         env = {k: v for k, v in os.environ.items() if k != key}
-        argv = ["pdsh", "-S", "-u", str(self.args.reap_timeout), "-w", ",".join(hosts)]
-        argv.append(reap_command(self.args.marker))
+        argv = ["pdsh", "-S", "-u", str(timeout), "-w", ",".join(hosts), command]
         try:
-            subprocess.run(
+            done = subprocess.run(
                 argv,
                 env=env,
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
-                timeout=self.args.reap_timeout + 5,
+                timeout=timeout + 5,
                 check=False,
+                text=True,
+                errors="replace",
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
-            self.say(f"could not end the job's processes on {', '.join(hosts)}: {exc}")
+            self.say(f"could not {doing} on {', '.join(hosts)}: {exc}")
+            return None
+        return done.stdout.splitlines()
+
+    def _survey(self) -> None:
+        """At the time limit, before anything is killed: name the ranks still running (a
+        rank hung at exit or in a collective), so the error names the node, not only 124."""
+        # short: `timeout --kill-after=20` leaves the watcher 20 s for this, the launcher's
+        # end (term_wait) and the reaping
+        command = survey_command(self.args.marker)
+        lines = self._pdsh(command, timeout=3, doing="look for the ranks still running")
+        if lines is not None:
+            self.say(still_running(lines))
+
+    def _reap(self) -> None:
+        """Kill what is left of the job on every node that can still be reached."""
+        command = reap_command(self.args.marker)
+        self._pdsh(command, self.args.reap_timeout, doing="end the job's processes")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -11,9 +11,11 @@ from ..jobs.launch_watch import (
     MPI_LOST_DAEMON_RE,
     MPI_RANK_RE,
     MPI_SSH_ERROR_RE,
+    NONE_RUNNING,
     PDSH_EXIT_RE,
     RANK_EXIT_RE,
     SSH_ERROR_RE,
+    STILL_RUNNING,
     TORCHRUN_EXIT_RE,
 )
 
@@ -39,6 +41,17 @@ LAUNCHER_FRAME_RE = re.compile(
     r'File ".*(?:/bin/torchrun|/torch/distributed/run\.py|/deepspeed/launcher/)'
 )
 ERROR_LINES = 5
+
+
+def time_limit_note(log_lines: Sequence[str]) -> str:
+    """What launch_watch found still running when the job's time limit ended it: "still
+    running at the time limit: rank 1 on n2 (python -u train.py)", or that no rank was (a
+    launcher alone was left); "" when the log has no such line (a watcher killed outright)."""
+    for line in reversed(log_lines):
+        text = line.strip().removeprefix("dscluster: ")
+        if text.startswith(STILL_RUNNING) or text == NONE_RUNNING:
+            return text
+    return ""
 
 
 def lost_nodes(log_lines: Sequence[str], rank_hosts: Sequence[str] = ()) -> dict[str, str]:
