@@ -416,7 +416,7 @@ def check_on_cluster(
         for host, task, message in result.failures:
             # A failure of the whole run (host "-": it ended, timed out, or reached no node
             # before any task) is every unanswered node's reason: named, never "no result".
-            for name in [host] if host in hosts else hosts:
+            for name in hosts if host == "-" else [host]:
                 results.setdefault(name, {"error": f"{task}: {message}"})
         for name in hosts:
             ran = result.hosts.get(name)

@@ -76,14 +76,19 @@ def script_error(why: str, unreachable: bool) -> bool:
     return not unreachable and m is not None and 0 < int(m[1]) <= 128
 
 
-def reap_command(marker: str) -> str:
-    """Shell run on a node: kill this user's processes whose environment holds the marker."""
+def each_marked_process(marker: str, body: str) -> str:
+    """Shell run on a node: body for each of this user's processes whose environment holds
+    the marker ($p is its /proc directory)."""
     quoted = "'" + marker.replace("'", "'\\''") + "'"
     return (
-        "for p in /proc/[0-9]*; do grep -qsxzF "
-        + quoted
-        + ' "$p/environ" && kill -9 "${p#/proc/}" 2>/dev/null; done; exit 0'
+        f'for p in /proc/[0-9]*; do grep -qsxzF {quoted} "$p/environ" || continue; {body}; done'
+        "; exit 0"
     )
+
+
+def reap_command(marker: str) -> str:
+    """Shell run on a node: kill this user's processes whose environment holds the marker."""
+    return each_marked_process(marker, 'kill -9 "${p#/proc/}" 2>/dev/null')
 
 
 # A rank of the job: the launchers put its global rank in its environment (torchrun and
@@ -101,16 +106,14 @@ NONE_RUNNING = "no rank was still running at the time limit"
 def survey_command(marker: str) -> str:
     """Shell run on a node: one line per process of the job that is a rank (the marker and a
     rank variable in its environment): 'dscluster-rank RANK PID ARGS'."""
-    quoted = "'" + marker.replace("'", "'\\''") + "'"
     names = "|".join(RANK_VARS)
-    return (
-        "for p in /proc/[0-9]*; do grep -qsxzF "
-        + quoted
-        + " \"$p/environ\" || continue; r=$(tr '\\0' '\\n' < \"$p/environ\" 2>/dev/null"
-        + f" | sed -nE 's/^({names})=([0-9]+)$/\\2/p' | head -n 1)"
-        + '; [ -n "$r" ] || continue'
-        + "; a=$(tr '\\0' ' ' < \"$p/cmdline\" 2>/dev/null | cut -c 1-300)"
-        + '; echo "dscluster-rank $r ${p#/proc/} $a"; done; exit 0'
+    return each_marked_process(
+        marker,
+        "r=$(tr '\\0' '\\n' < \"$p/environ\" 2>/dev/null"
+        f" | sed -nE 's/^({names})=([0-9]+)$/\\2/p' | head -n 1)"
+        '; [ -n "$r" ] || continue'
+        "; a=$(tr '\\0' ' ' < \"$p/cmdline\" 2>/dev/null | cut -c 1-300)"
+        '; echo "dscluster-rank $r ${p#/proc/} $a"',
     )
 
 
