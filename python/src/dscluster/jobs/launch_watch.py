@@ -275,8 +275,9 @@ class Watch:
     def _survey(self) -> None:
         """At the time limit, before anything is killed: name the ranks still running (a
         rank hung at exit or in a collective), so the error names the node, not only 124."""
-        # short: `timeout --kill-after=20` leaves the watcher 20 s for this, the launcher's
-        # end (term_wait) and the reaping
+        # short: `timeout --kill-after=30` (launch.yml) leaves the watcher 30 s for this
+        # (pdsh -u 3, at most 8 s), the launcher's end (term_wait, 5 s) and the reaping
+        # (reap_timeout 6, at most 11 s): 24 s at worst
         command = survey_command(self.args.marker)
         lines = self._pdsh(command, timeout=3, doing="look for the ranks still running")
         if lines is not None:
