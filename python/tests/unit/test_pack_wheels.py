@@ -56,6 +56,7 @@ def test_a_name_that_is_not_a_wheel_in_the_directory_is_refused(tmp_path):
     src, out = wheelhouse(tmp_path), tmp_path / "out"
     out.mkdir()
     for bad in ("../a-1-py3-none-any.whl", ".hidden.whl", "requirements.lock"):
-        proc = pack(src, out, [[bad]])
+        proc = pack(src, out, [["a-1-py3-none-any.whl"], [bad]])
         assert proc.returncode != 0
         assert repr(bad) in proc.stderr + proc.stdout
+        assert list(out.iterdir()) == []  # refused before any archive was begun

@@ -20,6 +20,9 @@ import tarfile
 
 
 def pack(src: pathlib.Path, out: pathlib.Path, sets: list[list[str]]) -> dict[str, str]:
+    for name in {name for names in sets for name in names}:  # before any archive is begun
+        if "/" in name or name.startswith(".") or not name.endswith(".whl"):
+            raise SystemExit(f"pack_wheels: {name!r} is not a wheel file name")
     made: dict[str, str] = {}
     for names in sets:
         key = " ".join(sorted(names))
@@ -28,8 +31,6 @@ def pack(src: pathlib.Path, out: pathlib.Path, sets: list[list[str]]) -> dict[st
         archive = out / f"wheels-{len(made)}.tar"
         with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tar:
             for name in sorted(names):
-                if "/" in name or name.startswith(".") or not name.endswith(".whl"):
-                    raise SystemExit(f"pack_wheels: {name!r} is not a wheel file name")
                 path = src / name
                 info = tar.gettarinfo(str(path), arcname=name)
                 info.mode, info.uid, info.gid, info.uname, info.gname = 0o644, 0, 0, "root", "root"
