@@ -97,11 +97,18 @@ unit: venv ## Python unit tests (no Docker)
 e2e: images ## End-to-end test: local cluster, provision, hostfile, smoke, DeepSpeed parsers
 	bash scripts/pytest.sh -m "docker and not installed" --durations=25
 
-# make test splits `e2e` in two: the modules on the shared e2e cluster (the critical path)
-# and the docker tests with containers of their own, which run in the molecule lane.
+# make test splits `e2e` in three: the modules on the shared e2e cluster (the critical path),
+# and, in the molecule lane, those on a second cluster and those with containers of their own.
 .PHONY: e2e-cluster
 e2e-cluster: images
-	bash scripts/pytest.sh -m "docker and not installed and not own_containers" --durations=25
+	bash scripts/pytest.sh -m "docker and not installed and not own_containers and not second_cluster" --durations=25
+
+# The modules marked second_cluster (bake, grow and replace: about 10 of e2e's 40 minutes)
+# on a cluster of their own, provisioned in that session: DSCLUSTER_E2E_NAME plus "b" (e2eb).
+# Not niced: beside e2e-cluster's tail it is the other long path.
+.PHONY: e2e-second
+e2e-second: images
+	DSCLUSTER_E2E_NAME=$${DSCLUSTER_E2E_NAME:-e2e}b bash scripts/pytest.sh -m "docker and second_cluster and not installed" --durations=10
 
 .PHONY: e2e-own
 e2e-own: images
@@ -170,7 +177,8 @@ wheelhouse: images ## The controller's wheelhouse (torch + DeepSpeed with its op
 	bash scripts/wheelhouse.sh
 
 # Lane 1: the unit tests, the installed-package test (a venv, a 2-node cluster), the role
-# scenarios. Lane 2 (molecule-serial): accelerators and storage, then e2e-own. Lane 3: e2e-cluster.
+# scenarios. Lane 2 (molecule-serial): accelerators and storage, then e2e-second and e2e-own.
+# Lane 3: e2e-cluster.
 .PHONY: unit-installed
 unit-installed: images
 	@$(MAKE) --no-print-directory unit
@@ -178,12 +186,14 @@ unit-installed: images
 	@$(MAKE) --no-print-directory molecule-roles
 
 # The scenarios one after the other (beside e2e, two converges at once slow e2e's own),
-# then the e2e tests that bring their own containers. Not molecule-cluster: its converge and
-# idempotence are e2e's own (test_provision, then site.yml from the root with changed=0) and
-# its verify.yml runs on the e2e cluster (test_e2e_root_site); `make molecule` runs it whole.
+# then the e2e modules on a second cluster and those that bring their own containers. Not
+# molecule-cluster: its converge and idempotence are e2e's own (test_provision, then site.yml
+# from the root with changed=0) and its verify.yml runs on the e2e cluster
+# (test_e2e_root_site); `make molecule` runs it whole.
 .PHONY: molecule-serial
 molecule-serial: images
 	@$(MAKE) --no-print-directory molecule-accelerators molecule-storage
+	@$(MAKE) --no-print-directory e2e-second
 	@$(MAKE) --no-print-directory e2e-own
 
 .PHONY: bench

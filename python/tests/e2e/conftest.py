@@ -48,6 +48,25 @@ def cluster() -> pathlib.Path:
     assert docker("ps", "-a", "-q", "--filter", f"label=dscluster.cluster={NAME}") == ""
 
 
+@pytest.fixture(scope="session")
+def first_provision(cluster: pathlib.Path) -> subprocess.CompletedProcess[str]:
+    """The session's one full provision (site.yml) of the cluster, run when a test first asks
+    for it: test_e2e's test_provision on the shared cluster (it asserts on the run), or the
+    first second_cluster module where that session has no test_e2e. Not asserted here."""
+    # On a machine with no wheelhouse this provision builds DeepSpeed's ops (up to ≈ 40 min
+    # beside the other lanes): 30 min cut it off in a cold `make test` and every later e2e
+    # test failed for want of facts.
+    return dsc("provision", "-i", str(cluster), timeout=3600)
+
+
+@pytest.fixture(scope="session")
+def provisioned(cluster: pathlib.Path, first_provision) -> pathlib.Path:
+    """The session cluster, provisioned: for modules that need the stack and the facts."""
+    proc = first_provision
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return cluster
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `disruptive` (they stop nodes) run after every other test."""
     items.sort(key=lambda item: item.get_closest_marker("disruptive") is not None)

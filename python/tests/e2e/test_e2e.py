@@ -33,11 +33,8 @@ def test_local_up_is_idempotent(cluster: pathlib.Path):
     assert "StrictHostKeyChecking=yes" in data["vars"]["ansible_ssh_common_args"]
 
 
-def test_provision(cluster: pathlib.Path):
-    # On a machine with no wheelhouse this provision builds DeepSpeed's ops (up to ≈ 40 min
-    # beside the other lanes): 30 min cut it off in a cold `make test` and every later e2e
-    # test failed for want of facts.
-    proc = dsc("provision", "-i", str(cluster), timeout=3600)
+def test_provision(cluster: pathlib.Path, first_provision):
+    proc = first_provision  # the run itself is conftest's, shared with the second_cluster modules
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"provisioned {NODES} hosts" in proc.stdout
     for i in range(1, NODES + 1):

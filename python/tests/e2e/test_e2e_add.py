@@ -1,4 +1,5 @@
-"""`dscluster provision --add` on the shared e2e cluster, for real: the last worker is taken
+"""`dscluster provision --add` on the session's e2e cluster (in `make test`, a second cluster of
+its own: second_cluster), for real: the last worker is taken
 out (local up --nodes N-1, the others' cluster files rewritten with --tags cluster_files),
 then grown back (local up --nodes N starts only it, provision --add converges it and touches
 only the cluster-wide files of the others), then replaced (its container removed and made
@@ -18,7 +19,13 @@ import pytest
 
 from .e2e_cluster import NAME, NODES, docker, dsc
 
-pytestmark = [pytest.mark.docker, pytest.mark.disruptive]
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.disruptive,
+    # make test runs it on a second cluster of its own, in the molecule lane (e2e-second)
+    pytest.mark.second_cluster,
+    pytest.mark.usefixtures("provisioned"),  # that session has no test_e2e: provision first
+]
 
 WORKER = f"{NAME}-n{NODES}"
 OLD = [f"{NAME}-n{i}" for i in range(1, NODES)]

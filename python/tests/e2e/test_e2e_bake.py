@@ -15,7 +15,12 @@ import pytest
 
 from .e2e_cluster import NAME, docker, dsc
 
-pytestmark = [pytest.mark.docker]
+pytestmark = [
+    pytest.mark.docker,
+    # make test runs it on a second cluster of its own, in the molecule lane (e2e-second)
+    pytest.mark.second_cluster,
+    pytest.mark.usefixtures("provisioned"),  # that session has no test_e2e: provision first
+]
 
 SOURCE = f"{NAME}-n2"
 TAG = f"dscluster/baked:{NAME}-test"
@@ -40,7 +45,7 @@ def in_image(script: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def baked(cluster: pathlib.Path):
+def baked(cluster: pathlib.Path, provisioned):
     """The image, baked from the session cluster's second node; removed after the module."""
     home = cluster.parent.parent
     dsc("--home", str(home), "local", "down", "--name", BAKED)
