@@ -328,6 +328,9 @@ def test_cli_keeps_the_lost_node_wording(tmp_path, inventory_dir, monkeypatch, c
          "; still running at the time limit: rank 1 on node-b (python -u train.py))"),
         ("dscluster: no rank was still running at the time limit",
          "; no rank was still running at the time limit)"),
+        # a node that did not answer the survey is named with the verdict
+        ("dscluster: no rank was still running at the time limit; no answer from node-c within 3 s",
+         "; no rank was still running at the time limit; no answer from node-c within 3 s)"),
         (None, ")"),  # a watcher killed before it could look: the exit alone
     ],
 )  # fmt: skip

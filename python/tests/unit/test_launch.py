@@ -327,11 +327,16 @@ def fake_pdsh(tmp_path: pathlib.Path, monkeypatch) -> pathlib.Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     pdsh = bin_dir / "pdsh"
-    # pdsh's "host: " prefix, as the first host of -w (every "node" is this machine)
+    # pdsh's "host: " prefix, as the first host of -w (every "node" is this machine); the
+    # other hosts hold none of the job, so they print the survey's last line alone. A host
+    # in $FAKE_PDSH_SILENT prints nothing (it did not answer within pdsh -u).
     pdsh.write_text(
         '#!/bin/bash\necho "$@" >> "$PDSH_ARGS_LOG"\n'
-        'while [ "$1" != -w ]; do shift; done; host=${2%%,*}\n'
-        'bash -c "${@: -1}" | sed "s/^/$host: /"\n'
+        'while [ "$1" != -w ]; do shift; done; hosts=${2//,/ }; host=${2%%,*}\n'
+        '{ bash -c "${@: -1}" | sed "s/^/$host: /"\n'
+        '  for h in ${hosts#"$host"}; do case "${@: -1}" in\n'
+        '    *dscluster-surveyed*) echo "$h: dscluster-surveyed" ;; esac; done\n'
+        '} | grep -v "^${FAKE_PDSH_SILENT:-none}: "\nexit 0\n'
     )
     pdsh.chmod(0o755)
     for name in launch_watch.RANK_VARS:  # only the test's own "ranks" carry one
@@ -442,6 +447,20 @@ def test_watch_names_the_ranks_still_running_at_the_time_limit(tmp_path, fake_pd
     assert "kill -9" in reaped
 
 
+def test_watch_names_the_nodes_that_did_not_answer_the_survey(tmp_path, fake_pdsh, monkeypatch):
+    """A node that says nothing within pdsh -u at the time limit is named as not surveyed:
+    "no rank was still running" would otherwise claim what nobody looked at."""
+    monkeypatch.setenv("FAKE_PDSH_SILENT", "h3")
+    proc, _, _ = watch(tmp_path, "echo started; sleep 300 & wait\n")
+    assert proc.stdout.readline() == "started\n"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 124
+    said = [line for line in out.splitlines() if "at the time limit" in line]
+    assert said == ["dscluster: no rank was still running at the time limit; "
+                    "no answer from h3 within 3 s"], out  # fmt: skip
+
+
 def test_survey_command_quotes_the_marker_and_reads_every_rank_variable():
     command = launch_watch.survey_command("K=it's")
     assert "grep -qsxzF 'K=it'\\''s'" in command
@@ -456,6 +475,15 @@ def test_survey_command_quotes_the_marker_and_reads_every_rank_variable():
         "still running at the time limit: rank 0 on h1, rank 3 on h2 (python -u train.py)"
     )
     assert launch_watch.still_running(["h1: other"]) == launch_watch.NONE_RUNNING
+    # with the hosts asked: those whose survey did not end with its last line are named
+    answered = ["h1: dscluster-surveyed", "h2: dscluster-surveyed"]
+    assert launch_watch.still_running([*lines, *answered], ["h1", "h2"]) == (
+        "still running at the time limit: rank 0 on h1, rank 3 on h2 (python -u train.py)"
+    )
+    assert launch_watch.still_running(answered[:1], ["h1", "h2", "h3"], within=3) == (
+        "no rank was still running at the time limit; no answer from h2, h3 within 3 s"
+    )
+    assert command.endswith("; done; echo dscluster-surveyed; exit 0")
     assert launch_watch.short_args("/usr/bin/python3 " + "x" * 200) == "python3 " + "x" * 111 + "…"
 
 

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 
 # pdsh reports a node it could not reach or whose remote command died:
 #   "pdsh@head: node3: ssh exited with exit code 255"
@@ -76,13 +77,14 @@ def script_error(why: str, unreachable: bool) -> bool:
     return not unreachable and m is not None and 0 < int(m[1]) <= 128
 
 
-def each_marked_process(marker: str, body: str) -> str:
+def each_marked_process(marker: str, body: str, then: str = "") -> str:
     """Shell run on a node: body for each of this user's processes whose environment holds
-    the marker ($p is its /proc directory)."""
+    the marker ($p is its /proc directory), then `then` (a command, when given)."""
     quoted = "'" + marker.replace("'", "'\\''") + "'"
     return (
         f'for p in /proc/[0-9]*; do grep -qsxzF {quoted} "$p/environ" || continue; {body}; done'
-        "; exit 0"
+        + (f"; {then}" if then else "")
+        + "; exit 0"
     )
 
 
@@ -101,6 +103,8 @@ SURVEY_RE = re.compile(
 # What the watcher says at the time limit (launch/watch.py reads it back for the error line)
 STILL_RUNNING = "still running at the time limit: "
 NONE_RUNNING = "no rank was still running at the time limit"
+# survey_command's last line on every node that ran it to the end
+SURVEYED = "dscluster-surveyed"
 
 
 def survey_command(marker: str) -> str:
@@ -114,6 +118,7 @@ def survey_command(marker: str) -> str:
         '; [ -n "$r" ] || continue'
         "; a=$(tr '\\0' ' ' < \"$p/cmdline\" 2>/dev/null | cut -c 1-300)"
         '; echo "dscluster-rank $r ${p#/proc/} $a"',
+        then=f"echo {SURVEYED}",
     )
 
 
@@ -127,19 +132,27 @@ def short_args(args: str, width: int = 120) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def still_running(lines: list[str]) -> str:
+def still_running(lines: list[str], hosts: Sequence[str] = (), within: int = 3) -> str:
     """The watcher's verdict on survey lines: which ranks still ran, on which node, first
-    process of each (host, rank) only (a rank's own children carry its environment)."""
+    process of each (host, rank) only (a rank's own children carry its environment); and
+    the hosts surveyed that did not answer to the end (what runs there is not known)."""
     seen: dict[tuple[int, str], str] = {}
+    answered = set()
     for line in lines:
         if m := SURVEY_RE.match(line.rstrip("\n")):
             seen.setdefault((int(m["rank"]), m["host"]), short_args(m["args"]))
+        host, _, rest = line.rstrip("\n").partition(": ")
+        if rest == SURVEYED:
+            answered.add(host)
+    silent = [h for h in hosts if h not in answered]
+    unknown = f"; no answer from {', '.join(silent)} within {within} s" if silent else ""
     if not seen:
-        return NONE_RUNNING
-    return STILL_RUNNING + ", ".join(
+        return NONE_RUNNING + unknown
+    ranks = ", ".join(
         f"rank {rank} on {host}" + (f" ({args})" if args else "")
         for (rank, host), args in sorted(seen.items())
     )
+    return STILL_RUNNING + ranks + unknown
 
 
 class Watch:
@@ -279,9 +292,10 @@ class Watch:
         # (pdsh -u 3, at most 8 s), the launcher's end (term_wait, 5 s) and the reaping
         # (reap_timeout 6, at most 11 s): 24 s at worst
         command = survey_command(self.args.marker)
+        hosts = self._reachable()
         lines = self._pdsh(command, timeout=3, doing="look for the ranks still running")
         if lines is not None:
-            self.say(still_running(lines))
+            self.say(still_running(lines, hosts, within=3))
 
     def _reap(self) -> None:
         """Kill what is left of the job on every node that can still be reached."""

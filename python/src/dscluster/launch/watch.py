@@ -49,7 +49,7 @@ def time_limit_note(log_lines: Sequence[str]) -> str:
     launcher alone was left); "" when the log has no such line (a watcher killed outright)."""
     for line in reversed(log_lines):
         text = line.strip().removeprefix("dscluster: ")
-        if text.startswith(STILL_RUNNING) or text == NONE_RUNNING:
+        if text.startswith((STILL_RUNNING, NONE_RUNNING)):
             return text
     return ""
 
