@@ -91,7 +91,7 @@ lint: venv ## ruff, mypy, yamllint, ansible-lint (production), argument_specs vs
 
 .PHONY: unit
 unit: venv ## Python unit tests (no Docker)
-	$(NICE) bash scripts/pytest.sh -m "not docker"
+	$(NICE) bash scripts/pytest.sh -m "not docker" --durations=15
 
 .PHONY: e2e
 e2e: images ## End-to-end test: local cluster, provision, hostfile, smoke, DeepSpeed parsers
