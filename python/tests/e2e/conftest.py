@@ -60,9 +60,12 @@ def first_provision(cluster: pathlib.Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="session")
-def provisioned(cluster: pathlib.Path, first_provision) -> pathlib.Path:
-    """The session cluster, provisioned: for modules that need the stack and the facts."""
-    proc = first_provision
+def provisioned(cluster: pathlib.Path, request: pytest.FixtureRequest) -> pathlib.Path:
+    """The session cluster, provisioned: for modules that need the stack and the facts.
+    With DSCLUSTER_E2E_REUSE=1 the cluster is taken as provisioned already (no run here)."""
+    if REUSE:
+        return cluster
+    proc = request.getfixturevalue("first_provision")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return cluster
 
