@@ -10,6 +10,8 @@ import time
 import pytest
 import yaml
 
+from dscluster.hostfile import render_hostfile
+
 from .e2e_cluster import NAME, NODES, docker, dsc
 
 pytestmark = pytest.mark.docker
@@ -58,7 +60,7 @@ def test_wrong_nccl_socket_ifname_fails_preflight_naming_the_node(cluster: pathl
     assert f"{NAME}-n1:" not in line and f"{NAME}-n3:" not in line
 
 
-def test_launch_files_accepted_by_deepspeed(cluster: pathlib.Path):
+def test_launch_files_accepted_by_deepspeed(cluster: pathlib.Path, tmp_path: pathlib.Path):
     proc = dsc("hostfile", "-i", str(cluster))
     assert proc.returncode == 0, proc.stderr
     hostfile = (cluster / "hostfile").read_text()
@@ -68,6 +70,10 @@ def test_launch_files_accepted_by_deepspeed(cluster: pathlib.Path):
     docker("exec", head, "mkdir", "-p", "/tmp/dscheck")
     for name in ("hostfile", ".deepspeed_env"):
         docker("cp", str(cluster / name), f"{head}:/tmp/dscheck/{name}")
+    # and slots above one, as on GPU nodes (this cluster's CPU nodes have one each)
+    multi = tmp_path / "hostfile_multi"
+    multi.write_text(render_hostfile([("gpu-4", 4), ("gpu-2", 2)]))
+    docker("cp", str(multi), f"{head}:/tmp/dscheck/hostfile_multi")
     # DeepSpeed's own code paths: the launcher's hostfile parser, and the PDSH runner's
     # export handling of .deepspeed_env lines (split on '=', then add_export).
     check = r"""
@@ -75,6 +81,7 @@ import json, types
 from deepspeed.launcher.runner import fetch_hostfile
 from deepspeed.launcher.multinode_runner import PDSHRunner
 pool = fetch_hostfile('/tmp/dscheck/hostfile')
+multi = fetch_hostfile('/tmp/dscheck/hostfile_multi')
 args = types.SimpleNamespace(user_args=[], user_script='x.py', launcher_args='', ssh_port=None)
 runner = PDSHRunner(args, 'e30=')
 raw = {}
@@ -82,12 +89,14 @@ for line in open('/tmp/dscheck/.deepspeed_env').readlines():
     key, val = line.split('=', maxsplit=1)
     runner.add_export(key, val)
     raw[key.strip()] = val.strip()
-print(json.dumps({'pool': dict(pool), 'exports': runner.exports, 'raw': raw}))
+print(json.dumps({'pool': dict(pool), 'multi': dict(multi), 'exports': runner.exports, 'raw': raw}))
 """
     # DeepSpeed logs to stdout while importing: the JSON is the last line.
     printed = docker("exec", head, "/opt/dscluster/venv/bin/python", "-c", check)
     out = json.loads(printed.strip().splitlines()[-1])
     assert out["pool"] == {f"{NAME}-n{i}": 1 for i in range(1, NODES + 1)}
+    assert out["multi"] == {"gpu-4": 4, "gpu-2": 2}
+    assert list(out["multi"]) == ["gpu-4", "gpu-2"]  # the head first, as written
     assert out["exports"] == out["raw"]  # nothing quoted or changed by DeepSpeed
     assert out["exports"]["PATH"].startswith("/opt/dscluster/venv/bin:")
     assert "GLOO_SOCKET_IFNAME" in out["exports"]

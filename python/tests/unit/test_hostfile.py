@@ -302,13 +302,6 @@ def test_cli_hostfile_prints_each_warning_on_one_line(efa_cluster, tmp_path, cap
     assert err_lines[0].startswith("warning: GLOO_SOCKET_IFNAME differs between nodes")
 
 
-def test_hostfile_accepted_by_deepspeed_when_installed(efa_cluster, tmp_path):
-    ds_runner = pytest.importorskip("deepspeed.launcher.runner")
-    _write_efa_nodes(efa_cluster, tmp_path)
-    files = hostfile.write_launch_files(inventory.load(efa_cluster))
-    assert dict(ds_runner.fetch_hostfile(str(files.hostfile))) == {"gpu-4": 4, "gpu-2": 2}
-
-
 def test_node_without_nccl_env_fact_is_reported(efa_cluster, tmp_path):
     _write_efa_nodes(efa_cluster, tmp_path)
     data = json.loads((efa_cluster / "facts" / "gpu-2.json").read_text())
