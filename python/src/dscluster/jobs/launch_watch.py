@@ -259,10 +259,9 @@ class Watch:
     def _reachable(self) -> list[str]:
         return [h for h in self.args.hosts.split(",") if h and not self.lost.get(h, ("", 0))[1]]
 
-    def _pdsh(self, command: str, timeout: int, doing: str) -> list[str] | None:
-        """Run a command on every reachable node (pdsh -u timeout); its output lines
-        ("host: ..."), None when pdsh could not run or did not end (then it says so)."""
-        hosts = self._reachable()
+    def _pdsh(self, hosts: list[str], command: str, timeout: int, doing: str) -> list[str] | None:
+        """Run a command on the hosts (pdsh -u timeout); its output lines ("host: ..."),
+        None when pdsh could not run or did not end (then it says so)."""
         if not hosts:
             return []
         key = self.args.marker.partition("=")[0]
@@ -291,16 +290,18 @@ class Watch:
         # short: `timeout --kill-after=30` (launch.yml) leaves the watcher 30 s for this
         # (pdsh -u 3, at most 8 s), the launcher's end (term_wait, 5 s) and the reaping
         # (reap_timeout 6, at most 11 s): 24 s at worst
+        hosts, within = self._reachable(), 3
         command = survey_command(self.args.marker)
-        hosts = self._reachable()
-        lines = self._pdsh(command, timeout=3, doing="look for the ranks still running")
+        lines = self._pdsh(hosts, command, within, doing="look for the ranks still running")
         if lines is not None:
-            self.say(still_running(lines, hosts, within=3))
+            self.say(still_running(lines, hosts, within))
 
     def _reap(self) -> None:
         """Kill what is left of the job on every node that can still be reached."""
         command = reap_command(self.args.marker)
-        self._pdsh(command, self.args.reap_timeout, doing="end the job's processes")
+        self._pdsh(
+            self._reachable(), command, self.args.reap_timeout, doing="end the job's processes"
+        )
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
