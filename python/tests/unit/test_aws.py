@@ -794,7 +794,8 @@ class _Answer:
                 pass
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        # poll 10 ms: close()'s shutdown() waits for the next poll (0.5 s by default)
+        threading.Thread(target=self.server.serve_forever, args=(0.01,), daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def close(self) -> None:

@@ -135,7 +135,8 @@ def aws_stub() -> Iterator[tuple[str, list[str]]]:
     calls: list[str] = []
     handler = type("Recorder", (_Recorder,), {"calls": calls})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # shutdown() waits for the loop's next poll: 0.5 s by default, in every one of the cases.
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}", calls
