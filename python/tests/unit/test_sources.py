@@ -10,7 +10,7 @@ from dscluster.errors import DsclusterError
 from dscluster.sources import cluster, local, names
 
 # What `dscluster local up --name demo --nodes 2 --slots 2` wrote before sources/ existed
-# (local._write_inventory), byte for byte.
+# (local._write_inventory), byte for byte, plus the ssh timeout of local nodes (issue 16).
 LOCAL_HOSTS_YML = """\
 ---
 # Written by `dscluster local up --name demo --nodes 2`: a local cluster
@@ -27,6 +27,7 @@ all:
     ansible_user: root
     ansible_ssh_private_key_file: /s/key
     ansible_ssh_common_args: -o UserKnownHostsFile=/s/kh -o StrictHostKeyChecking=yes
+    ansible_ssh_timeout: 10
   children:
     head:
       hosts:

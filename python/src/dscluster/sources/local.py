@@ -28,6 +28,8 @@ from .names import check_cluster_name
 
 LABEL = "dscluster.cluster"
 SHARED_PATH = "/shared"
+# Seconds ssh waits for a local node container to answer (the inventory's ansible_ssh_timeout).
+LOCAL_SSH_TIMEOUT = 10
 RUN_FLAGS = [
     "--cap-add", "SYS_ADMIN",
     "--security-opt", "seccomp=unconfined",
@@ -269,6 +271,10 @@ def describe(
             "ansible_ssh_common_args": (
                 f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes"
             ),
+            # ssh's ConnectTimeout for Ansible (ansible.cfg's 30 s is for real networks): a
+            # node container on the local bridge answers within milliseconds, and a stopped
+            # one is named unreachable after LOCAL_SSH_TIMEOUT seconds instead of 30.
+            "ansible_ssh_timeout": LOCAL_SSH_TIMEOUT,
         },
         header=(
             "---\n"
