@@ -3,8 +3,7 @@
 # take out everything that makes the copy one particular node of one particular cluster,
 # so every node started from the baked image makes its own at first boot and `dscluster
 # provision` gives it its cluster's. What stays is the installed stack: packages, the
-# training user, the venv, the wheels, the torch extensions, and the bytecode the training
-# user's ranks compiled (PYTHONPYCACHEPREFIX under the scratch directory).
+# training user, the venv, the wheels, the torch extensions.
 # On EC2 an AMI is made from the running node, so the same script runs once on each node
 # started from it instead, from cloud-init's bootcmd (before its ssh module makes new host
 # keys and installs the key pair), with the second argument `first-boot`.

@@ -24,7 +24,6 @@ import datetime as dt
 import json
 import math
 import pathlib
-import posixpath
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -630,11 +629,6 @@ def render_launch_files(
         "DSCLUSTER_CHECKPOINT_DIR": paths.checkpoint_dir,
         "DSCLUSTER_SCRATCH_DIR": paths.scratch_dir,
         "DSCLUSTER_SHARED_STORAGE": paths.kind,
-        # The ranks' bytecode, node-local and the training user's own. The venv is root's and
-        # installed without bytecode (uv), so without it every rank of every job compiles
-        # each module it imports that no root process imported before (a 3-node smoke job's
-        # first step 11 s -> 7.7 s with it, from the second job on).
-        "PYTHONPYCACHEPREFIX": posixpath.join(paths.scratch_dir, "pycache"),
     }
     extra.update(
         extra_env_texts(

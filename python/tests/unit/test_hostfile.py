@@ -118,29 +118,6 @@ def test_write_launch_files_heterogeneous_slots(inventory_dir: pathlib.Path):
     assert env["NCCL_SOCKET_IFNAME"] == "eth0"
 
 
-def test_ranks_keep_their_bytecode_on_node_local_scratch(inventory_dir: pathlib.Path):
-    """The venv is root's: the training user's ranks compile what they import into a
-    bytecode tree of their own under the scratch directory (node-local), unless the
-    inventory's dscluster_extra_env says otherwise."""
-    files = hostfile.write_launch_files(inventory.load(inventory_dir))
-    env = _parse_deepspeed_env(files.env_file.read_text())
-    assert env["PYTHONPYCACHEPREFIX"] == env["DSCLUSTER_SCRATCH_DIR"] + "/pycache"
-    hosts = inventory_dir / "hosts.yml"
-    original = hosts.read_text()
-
-    def env_with(extra_vars: str) -> dict[str, str]:
-        hosts.write_text(
-            original.replace("dscluster_cpu_slots: 1", "dscluster_cpu_slots: 1" + extra_vars)
-        )
-        files = hostfile.write_launch_files(inventory.load(inventory_dir))
-        return _parse_deepspeed_env(files.env_file.read_text())
-
-    env = env_with("\n    dscluster_scratch_dir: /nvme/scratch")
-    assert env["PYTHONPYCACHEPREFIX"] == "/nvme/scratch/pycache"
-    env = env_with("\n    dscluster_extra_env: {PYTHONPYCACHEPREFIX: /home/ds/.pyc}")
-    assert env["PYTHONPYCACHEPREFIX"] == "/home/ds/.pyc"
-
-
 def test_missing_facts_names_host_and_writes_nothing(inventory_dir: pathlib.Path):
     (inventory_dir / "facts" / "node-b.json").unlink()
     (inventory_dir / "hostfile").write_text("old slots=1\n")
