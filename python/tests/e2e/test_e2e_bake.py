@@ -95,6 +95,13 @@ def test_cluster_from_the_baked_image_provisions_without_reinstalling(cluster: p
     ready = time.monotonic() - started
     assert prov.returncode == 0, prov.stdout[-4000:] + prov.stderr[-3000:]
     print(f"local up --image + provision, 2 nodes: {ready:.0f} s")
+    # the new cluster's shared storage had no wheelhouse: it was copied, and the venv that
+    # came with the image, read again with it in place, needed no install step
+    out = prov.stdout + prov.stderr
+    assert "Unpack the archive into the node's wheelhouse" in out
+    assert "Read the installed stack again, its wheelhouse in place" in out
+    assert "Install uv into the tools venv" not in out
+    assert "Install the locked wheels with uv" not in out
     nodes = [f"dsc-{BAKED}-n1", f"dsc-{BAKED}-n2"]
     for node in nodes:
         assert docker("inspect", "-f", "{{.Config.Image}}", node).strip() == TAG

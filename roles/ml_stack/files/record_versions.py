@@ -196,12 +196,18 @@ def user_layer(user_dir: pathlib.Path | None) -> dict:
 
 
 def installed_stamp() -> str:
-    """Every installed distribution of this venv, as its RECORD's name, mtime and size."""
+    """Every installed distribution of this venv, as its RECORD's name, mtime and size.
+
+    The mtime in whole seconds: a baked image keeps no more (docker export writes seconds),
+    and a node started from it must find the reading its image was baked with. An install
+    rewrites RECORD; one at the same size within the second of the cached reading would go
+    unseen.
+    """
     digest = hashlib.sha256()
     for site in sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}):
         for record in sorted(pathlib.Path(site).glob("*.dist-info/RECORD")):
             st = record.stat()
-            digest.update(f"{record.parent.name}\0{st.st_mtime_ns}\0{st.st_size}\n".encode())
+            digest.update(f"{record.parent.name}\0{int(st.st_mtime)}\0{st.st_size}\n".encode())
     return digest.hexdigest()
 
 
