@@ -102,6 +102,7 @@ e2e: images ## End-to-end test: local cluster, provision, hostfile, smoke, DeepS
 .PHONY: e2e-cluster
 e2e-cluster: images
 	bash scripts/pytest.sh -m "docker and not installed and not own_containers and not second_cluster" --durations=25
+	@$(lane_end)
 
 # The modules marked second_cluster (bake, grow and replace: about 10 of e2e's 40 minutes)
 # on a cluster of their own, provisioned in that session: DSCLUSTER_E2E_NAME plus "b" (e2eb).
@@ -168,7 +169,11 @@ training-image: venv engine ## Multi-node training image from a wheelhouse (VARI
 .PHONY: test
 test: lint images ## Everything: lint, the wheelhouse, then three lanes side by side (each one's output printed when it ends)
 	@$(MAKE) --no-print-directory wheelhouse
-	@$(MAKE) --no-print-directory -j3 --output-sync=target unit-installed molecule-serial e2e-cluster NICE="nice -n 10"
+	@$(MAKE) --no-print-directory -j3 --output-sync=target unit-installed molecule-serial e2e-cluster NICE="nice -n 10" LANE_T0=$$(date +%s)
+
+# Each lane of make test says when it ended (seconds after the lanes started): the log then
+# shows the critical path. Nothing when a lane's target runs alone.
+lane_end = if [ -n "$(LANE_T0)" ]; then echo "== lane $@ ended $$(date -u +%T), $$(( $$(date +%s) - $(LANE_T0) )) s after the lanes started"; fi
 
 # Before the lanes, alone: on a cold machine the DeepSpeed build gets both cores instead of
 # three lanes waiting on its lock; with a wheelhouse cached for the pins it does nothing.
@@ -184,6 +189,7 @@ unit-installed: images
 	@$(MAKE) --no-print-directory unit
 	@$(MAKE) --no-print-directory installed
 	@$(MAKE) --no-print-directory molecule-roles
+	@$(lane_end)
 
 # The scenarios one after the other (beside e2e, two converges at once slow e2e's own),
 # then the e2e modules on a second cluster and those that bring their own containers. Not
@@ -195,6 +201,7 @@ molecule-serial: images
 	@$(MAKE) --no-print-directory molecule-accelerators molecule-storage
 	@$(MAKE) --no-print-directory e2e-second
 	@$(MAKE) --no-print-directory e2e-own
+	@$(lane_end)
 
 .PHONY: bench
 bench: images ## Timings: demo cold vs warm, re-converge, job start with/without pre-built ops
