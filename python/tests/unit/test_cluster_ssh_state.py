@@ -1,0 +1,96 @@
+"""roles/cluster_ssh/files/ssh_state.py: the one reading cluster_ssh takes on a node, from
+which it skips the key and known_hosts writes a converged node does not need."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import pwd
+import subprocess
+import sys
+
+import pytest
+
+from tests import rolefiles
+
+ssh_state = rolefiles.load("cluster_ssh", "ssh_state.py")
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBq0 dscluster@demo"
+
+
+def test_describe_gives_what_copy_compares(tmp_path):
+    f = tmp_path / "id_ed25519.pub"
+    f.write_text(KEY + "\n")
+    f.chmod(0o644)
+    about = ssh_state.describe(str(f))
+    assert about == {
+        "uid": os.getuid(),
+        "gid": os.getgid(),
+        "mode": "0644",
+        "sha1": hashlib.sha1((KEY + "\n").encode()).hexdigest(),
+    }
+    d = tmp_path / ".ssh"
+    d.mkdir(mode=0o700)
+    d.chmod(0o700)
+    assert ssh_state.describe(str(d)) == {
+        "uid": os.getuid(), "gid": os.getgid(), "mode": "0700", "isdir": True,
+    }  # fmt: skip
+    assert ssh_state.describe(str(tmp_path / "missing")) is None
+
+
+def test_authorized_lists_keys_without_options_only(tmp_path):
+    f = tmp_path / "authorized_keys"
+    f.write_text(
+        "# a comment\n"
+        f"{KEY}\n"
+        'from="10.0.0.1" ssh-rsa AAAAB3Nza other@host\n'
+        "ecdsa-sha2-nistp256 AAAAE2Vj\n"
+        "\n"
+    )
+    assert ssh_state.authorized(str(f)) == [
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBq0",
+        "ecdsa-sha2-nistp256 AAAAE2Vj",
+    ]
+    assert ssh_state.authorized(str(tmp_path / "none")) == []
+
+
+def test_main_reads_the_account_host_key_and_key_files(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh").chmod(0o700)
+    (home / ".ssh" / "authorized_keys").write_text(KEY + "\n")
+    host_key = tmp_path / "ssh_host_ed25519_key.pub"
+    host_key.write_text("ssh-ed25519 AAAAhost root@n1\n")
+    entry = pwd.struct_passwd(("ds", "x", 4242, 4243, "", str(home), "/bin/bash"))
+    monkeypatch.setattr(ssh_state.pwd, "getpwnam", lambda name: entry)
+    state = ssh_state.main(
+        {"user": "ds", "host_key": str(host_key), "known_hosts": str(tmp_path / "kh")}
+    )
+    assert state["account"] == {"uid": 4242, "gid": 4243, "home": str(home)}
+    assert base64.b64decode(state["host_key"]).decode() == "ssh-ed25519 AAAAhost root@n1\n"
+    assert state["ssh_dir"]["mode"] == "0700" and state["ssh_dir"]["isdir"] is True
+    assert state["files"]["id_ed25519"] is None and state["files"]["id_ed25519.pub"] is None
+    assert (
+        state["files"]["authorized_keys"]["sha1"] == hashlib.sha1((KEY + "\n").encode()).hexdigest()
+    )
+    assert state["authorized"] == ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBq0"]
+    assert state["known_hosts"] is None
+
+
+def test_no_such_user_is_no_account_and_a_missing_host_key_fails_naming_it(tmp_path):
+    host_key = tmp_path / "key.pub"
+    host_key.write_text("ssh-ed25519 AAAA\n")
+    script = rolefiles.path("cluster_ssh", "files/ssh_state.py").read_text()
+    request = {"user": "no-such-user-dsc", "host_key": str(host_key), "known_hosts": "/nonexistent"}
+    # as the role runs it: python3 -c <the file> '<json request>'
+    out = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(request)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    state = json.loads(out.stdout)
+    assert state["account"] is None and state["files"] == {} and state["known_hosts"] is None
+    with pytest.raises(SystemExit, match=r"cannot read this node.s public host key .*missing\.pub"):
+        ssh_state.main(
+            {"user": "x", "host_key": str(tmp_path / "missing.pub"), "known_hosts": "/x"}
+        )

@@ -1,0 +1,87 @@
+"""What the cluster_ssh role decides on, read on a node in one round trip.
+
+Run as `python3 -c <this file> '<json request>'` by roles/cluster_ssh/tasks/preflight.yml
+with {"user", "host_key", "known_hosts"}; prints one JSON object:
+
+  account        the SSH user's {uid, gid, home}, or null when there is no such user
+  host_key       this node's public host key file, base64 (as slurp returns it)
+  ssh_dir        {uid, gid, mode, isdir} of ~user/.ssh, or null
+  files          {name: {sha1, uid, gid, mode} or null} for id_ed25519, id_ed25519.pub and
+                 authorized_keys under ~user/.ssh
+  authorized     the "type base64" of every authorized_keys line without options
+  known_hosts    {sha1, uid, gid, mode} of the known_hosts file, or null
+
+The role skips a write whose file already reads as that write would leave it; anything else
+(a file missing, another content, owner or mode) leaves the write to run.
+"""
+
+import base64
+import hashlib
+import json
+import os
+import pwd
+import stat
+import sys
+
+KEY_TYPES = ("ssh-", "ecdsa-", "sk-")
+
+
+def describe(path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    about = {"uid": st.st_uid, "gid": st.st_gid, "mode": f"{stat.S_IMODE(st.st_mode):04o}"}
+    if stat.S_ISDIR(st.st_mode):
+        return about | {"isdir": True}
+    try:
+        with open(path, "rb") as fh:
+            # sha1: the checksum Ansible's copy and template compare
+            about["sha1"] = hashlib.sha1(fh.read()).hexdigest()
+    except OSError:
+        return None
+    return about
+
+
+def authorized(path):
+    keys = []
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                fields = line.split()
+                if len(fields) >= 2 and fields[0].startswith(KEY_TYPES):
+                    keys.append(f"{fields[0]} {fields[1]}")
+    except OSError:
+        pass
+    return keys
+
+
+def main(request):
+    try:
+        with open(request["host_key"], "rb") as fh:
+            host_key = base64.b64encode(fh.read()).decode()
+    except OSError as exc:
+        sys.exit(f"cannot read this node's public host key {request['host_key']}: {exc}")
+    state = {
+        "account": None,
+        "host_key": host_key,
+        "ssh_dir": None,
+        "files": {},
+        "authorized": [],
+        "known_hosts": describe(request["known_hosts"]),
+    }
+    try:
+        entry = pwd.getpwnam(request["user"])
+    except KeyError:
+        return state
+    state["account"] = {"uid": entry.pw_uid, "gid": entry.pw_gid, "home": entry.pw_dir}
+    ssh_dir = os.path.join(entry.pw_dir, ".ssh")
+    state["ssh_dir"] = describe(ssh_dir)
+    for name in ("id_ed25519", "id_ed25519.pub", "authorized_keys"):
+        state["files"][name] = describe(os.path.join(ssh_dir, name))
+    state["authorized"] = authorized(os.path.join(ssh_dir, "authorized_keys"))
+    return state
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(json.loads(sys.argv[1]))))
