@@ -10,6 +10,8 @@ anything changes, verify.yml after); prints one JSON object with only the parts 
                 gecos, home, shell), or null
   session_limits  /proc/<sshd>/limits: the hard limits login sessions inherit (containers)
   limits_file   the text of the limits file, or null when it is missing
+  limits_stat   {sha1, uid, gid, mode} of the limits file, or null: configure.yml skips its
+                write when the file already reads as the write would leave it
   etc_hosts     the text of /etc/hosts
   own_name      {rc, stdout} of `getent hosts <hostname>`
   chrony        `systemctl is-active chrony` (its first line)
@@ -18,9 +20,11 @@ anything changes, verify.yml after); prints one JSON object with only the parts 
 
 import contextlib
 import grp
+import hashlib
 import json
 import os
 import pwd
+import stat
 import subprocess
 import sys
 
@@ -45,6 +49,22 @@ def read(path):
             return fh.read()
     except FileNotFoundError:
         return None
+
+
+def file_stat(path):
+    """sha1 (the checksum Ansible's copy and template compare), owner, group and mode."""
+    try:
+        st = os.stat(path)
+        with open(path, "rb") as fh:
+            digest = hashlib.sha1(fh.read()).hexdigest()
+    except OSError:
+        return None
+    return {
+        "sha1": digest,
+        "uid": st.st_uid,
+        "gid": st.st_gid,
+        "mode": f"{stat.S_IMODE(st.st_mode):04o}",
+    }
 
 
 def owners(uid, gid):
@@ -83,6 +103,8 @@ def main():
         out["session_limits"] = limits["stdout"]
     if "limits_file" in want:
         out["limits_file"] = read(want["limits_file"])
+    if "limits_stat" in want:
+        out["limits_stat"] = file_stat(want["limits_stat"])
     if want.get("etc_hosts"):
         out["etc_hosts"] = read("/etc/hosts") or ""
     if "own_name" in want:
