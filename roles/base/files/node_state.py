@@ -67,6 +67,16 @@ def file_stat(path):
     }
 
 
+def limits_files(want):
+    """The limits file's text (limits_file) and its file_stat (limits_stat), as asked."""
+    out = {}
+    if "limits_file" in want:
+        out["limits_file"] = read(want["limits_file"])
+    if "limits_stat" in want:
+        out["limits_stat"] = file_stat(want["limits_stat"])
+    return out
+
+
 def owners(uid, gid):
     users, groups = [], []
     with contextlib.suppress(KeyError):
@@ -101,10 +111,7 @@ def main():
         if limits["rc"] != 0:
             sys.exit("cannot read the limits of sshd: " + limits["stderr"].strip())
         out["session_limits"] = limits["stdout"]
-    if "limits_file" in want:
-        out["limits_file"] = read(want["limits_file"])
-    if "limits_stat" in want:
-        out["limits_stat"] = file_stat(want["limits_stat"])
+    out.update(limits_files(want))
     if want.get("etc_hosts"):
         out["etc_hosts"] = read("/etc/hosts") or ""
     if "own_name" in want:

@@ -1,0 +1,46 @@
+"""roles/base/files/node_state.py, as the base role runs it (python3 -c <file> '<json>'):
+the parts this test can read on any machine, the limits file's text and stat included."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+from tests import rolefiles
+
+SCRIPT = rolefiles.path("base", "files/node_state.py").read_text()
+
+
+def read(request: dict) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, json.dumps(request)],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return json.loads(out.stdout)
+
+
+def test_limits_file_text_and_stat_for_the_skip_of_its_write(tmp_path):
+    limits = tmp_path / "90-dscluster.conf"
+    text = "ds hard memlock unlimited\nds soft memlock unlimited\n"
+    limits.write_text(text)
+    limits.chmod(0o640)
+    got = read(
+        {"limits_file": str(limits), "limits_stat": str(limits), "shared_dir": str(tmp_path)}
+    )
+    assert got["limits_file"] == text
+    assert got["limits_stat"] == {
+        "sha1": hashlib.sha1(text.encode()).hexdigest(),
+        "uid": os.getuid(),
+        "gid": os.getgid(),
+        "mode": "0640",
+    }
+    assert got["shared_dir"] == {"exists": True, "isdir": True}
+    # only the parts asked for; a missing file is null, not an error
+    missing = str(tmp_path / "none.conf")
+    assert read({"limits_stat": missing, "limits_file": missing}) == {
+        "limits_stat": None,
+        "limits_file": None,
+    }
