@@ -1,0 +1,44 @@
+"""roles/pdsh/files/pdsh_state.py, as the pdsh role runs it (python3 -c <file> '<json>'):
+the packages dpkg lists as installed, and how the rcmd file and its directory read."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+from tests import rolefiles
+
+SCRIPT = rolefiles.path("pdsh", "files/pdsh_state.py").read_text()
+
+
+def read(request: dict) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, json.dumps(request)],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return json.loads(out.stdout)
+
+
+def test_rcmd_file_and_directory_read_as_copy_compares(tmp_path):
+    conf = tmp_path / "pdsh"
+    conf.mkdir()
+    conf.chmod(0o755)
+    rcmd = conf / "rcmd_default"
+    rcmd.write_text("ssh\n")
+    rcmd.chmod(0o644)
+    got = read({"packages": ["dscluster-no-such-package"], "rcmd_file": str(rcmd)})
+    assert got["installed"] == []
+    assert got["rcmd_dir"] == {
+        "uid": os.getuid(), "gid": os.getgid(), "mode": "0755", "isdir": True,
+    }  # fmt: skip
+    assert got["rcmd_file"] == {
+        "uid": os.getuid(),
+        "gid": os.getgid(),
+        "mode": "0644",
+        "sha1": hashlib.sha1(b"ssh\n").hexdigest(),
+    }
+    gone = read({"packages": [], "rcmd_file": str(tmp_path / "none" / "rcmd_default")})
+    assert gone["rcmd_dir"] is None and gone["rcmd_file"] is None
