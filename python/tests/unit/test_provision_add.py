@@ -256,7 +256,8 @@ def test_the_tasks_those_files_read_from_every_host_carry_the_tag():
     needed = {
         "base/preflight.yml": ["Gather network facts of inventory hosts outside this play"],
         "cluster_ssh/preflight.yml": [
-            "Read each node's public host key",
+            "Read the SSH user, this node's host key and the cluster's key files",
+            "Keep the reading",
             "Read the public host keys of inventory hosts outside this play",
         ],
         "nfs_server/preflight.yml": ["Gather network facts of the clients"],
