@@ -41,6 +41,19 @@ def load(role: str, filename: str) -> types.ModuleType:
     return module
 
 
+def run_inline(role: str, filename: str, request: Mapping) -> dict:
+    """Run roles/<role>/files/<filename> as the role does (`python3 -c <file> '<json request>'`,
+    here with this interpreter) and return the JSON it prints."""
+    out = subprocess.run(
+        [sys.executable, "-c", path(role, f"files/{filename}").read_text(), json.dumps(request)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return json.loads(out.stdout)
+
+
 def run_local_play(
     playbook: pathlib.Path,
     extravars: Mapping,

@@ -4,22 +4,13 @@ the parts this test can read on any machine, the limits file's text and stat inc
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import subprocess
-import sys
 
 from tests import rolefiles
 
-SCRIPT = rolefiles.path("base", "files/node_state.py").read_text()
-
 
 def read(request: dict) -> dict:
-    out = subprocess.run(
-        [sys.executable, "-c", SCRIPT, json.dumps(request)],
-        capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
-    return json.loads(out.stdout)
+    return rolefiles.run_inline("base", "node_state.py", request)
 
 
 def test_limits_file_text_and_stat_for_the_skip_of_its_write(tmp_path):

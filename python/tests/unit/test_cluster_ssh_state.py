@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import os
 import pwd
-import subprocess
-import sys
 
 import pytest
 
@@ -81,14 +78,8 @@ def test_main_reads_the_account_host_key_and_key_files(tmp_path, monkeypatch):
 def test_no_such_user_is_no_account_and_a_missing_host_key_fails_naming_it(tmp_path):
     host_key = tmp_path / "key.pub"
     host_key.write_text("ssh-ed25519 AAAA\n")
-    script = rolefiles.path("cluster_ssh", "files/ssh_state.py").read_text()
     request = {"user": "no-such-user-dsc", "host_key": str(host_key), "known_hosts": "/nonexistent"}
-    # as the role runs it: python3 -c <the file> '<json request>'
-    out = subprocess.run(
-        [sys.executable, "-c", script, json.dumps(request)],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    state = json.loads(out.stdout)
+    state = rolefiles.run_inline("cluster_ssh", "ssh_state.py", request)  # as the role runs it
     assert state["account"] is None and state["files"] == {} and state["known_hosts"] is None
     with pytest.raises(SystemExit, match=r"cannot read this node.s public host key .*missing\.pub"):
         ssh_state.main(

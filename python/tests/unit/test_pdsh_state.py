@@ -4,22 +4,13 @@ the packages dpkg lists as installed, and how the rcmd file and its directory re
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import subprocess
-import sys
 
 from tests import rolefiles
 
-SCRIPT = rolefiles.path("pdsh", "files/pdsh_state.py").read_text()
-
 
 def read(request: dict) -> dict:
-    out = subprocess.run(
-        [sys.executable, "-c", SCRIPT, json.dumps(request)],
-        capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
-    return json.loads(out.stdout)
+    return rolefiles.run_inline("pdsh", "pdsh_state.py", request)
 
 
 def test_rcmd_file_and_directory_read_as_copy_compares(tmp_path):
