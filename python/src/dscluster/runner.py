@@ -156,7 +156,20 @@ def _message(res: dict[str, Any]) -> str:
     msg = res.get("msg") or res.get("stderr") or res.get("reason") or ""
     if isinstance(msg, list):
         msg = " ".join(map(str, msg))
-    return " ".join(str(msg).split())[:400]
+    msg = " ".join(str(msg).split())
+    # A loop's failure says only "One or more items failed": name the first failed item and
+    # what it said, which is the cause the user needs.
+    items = res.get("results")
+    if isinstance(items, list):
+        for item in items:
+            if isinstance(item, dict) and item.get("failed"):
+                label = item.get("_ansible_item_label") or item.get("item") or ""
+                if isinstance(label, dict):
+                    label = label.get("name") or json.dumps(label, sort_keys=True)
+                said = _message({k: v for k, v in item.items() if k != "results"})
+                msg = f"{msg}; first: {label}: {said}" if label else f"{msg}; first: {said}"
+                break
+    return msg[:400]
 
 
 MITOGEN_STRATEGY = "mitogen_linear"

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import os
 import pathlib
+import sys
 
 import pytest
 
@@ -96,3 +98,43 @@ def test_mitogen_is_an_option_read_from_the_environment(monkeypatch):
     monkeypatch.setenv("DSCLUSTER_MITOGEN", "yes")
     with pytest.raises(DsclusterError, match="DSCLUSTER_MITOGEN='yes' is neither 1 nor 0"):
         runner.mitogen_strategy_dir()
+
+
+def test_a_failed_loop_names_its_first_failed_item_and_why(tmp_path: pathlib.Path):
+    """A real loop that fails (copy of a file that is not there, as launch.yml's 'Copy the
+    job's files' would on a missing staged file): Ansible's own message is only 'One or more
+    items failed'; the failure kept names the item and the module's message."""
+    import ansible_runner  # noqa: PLC0415 - slow import
+
+    (tmp_path / "here.txt").write_text("x")
+    (tmp_path / "out").mkdir()
+    play = tmp_path / "loop.yml"
+    play.write_text(
+        "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+        "    - name: Copy the job's files\n"
+        "      ansible.builtin.copy:\n"
+        "        src: '{{ stage }}/{{ item.name }}'\n"
+        "        dest: '{{ dest }}/{{ item.name }}'\n"
+        "      loop: [{name: here.txt}, {name: gone.txt}]\n"
+        "      loop_control:\n        label: '{{ item.name }}'\n"
+    )
+    hosts = tmp_path / "hosts"
+    python = f"ansible_python_interpreter={sys.executable}"
+    hosts.write_text(f"localhost ansible_connection=local {python}\n")
+    progress = Progress("loop.yml", ["localhost"])
+    (tmp_path / "private").mkdir()
+    result = ansible_runner.run(
+        private_data_dir=str(tmp_path / "private"),
+        playbook=str(play),
+        envvars={"PATH": f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"},
+        inventory=str(hosts),
+        extravars={"stage": str(tmp_path), "dest": str(tmp_path / "out")},
+        quiet=True,
+        event_handler=progress.handle,
+    )
+    assert result.rc != 0
+    [(host, task, message)] = progress.failures
+    assert (host, task) == ("localhost", "Copy the job's files")
+    assert message.startswith("One or more items failed; first: gone.txt: "), message
+    assert "gone.txt" in message.split("first: gone.txt: ", 1)[1], message
+    assert (tmp_path / "out" / "here.txt").read_text() == "x"
