@@ -153,6 +153,9 @@ class NodeFacts:
     nccl_env: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     # Accelerator model names (nvidia-smi / hl-smi / lspci), () when none were recorded.
     models: tuple[str, ...] = ()
+    # PYTHONPYCACHEPREFIX of the ranks (ml_stack_pycache_dir); "" when not recorded (facts from
+    # before it, or ml_stack_pycache_dir "").
+    pycache_dir: str = ""
 
     @property
     def slots(self) -> int:
@@ -184,6 +187,7 @@ class NodeFacts:
                 versions=_mapping(data, "versions"),
                 nccl_env=nccl_env,
                 models=_models(acc),
+                pycache_dir=_text(data, "versions.pycache_dir", ""),
             )
         except _FactsError as exc:
             where = f"{source}: " if source else ""
@@ -404,6 +408,20 @@ def _one_path(facts: list[NodeFacts], field: str, variable: str) -> str:
     return paths.pop()
 
 
+def _pycache_dir(facts: list[NodeFacts]) -> tuple[str, str]:
+    """The ranks' PYTHONPYCACHEPREFIX when every node recorded the same one ("" when none
+    did), and a warning when only some did: each rank then compiles what it imports again."""
+    without = [f.host for f in facts if not f.pycache_dir]
+    if len(without) == len(facts):
+        return "", ""
+    if without:
+        return "", (
+            f"no pycache_dir recorded for {', '.join(without)}: PYTHONPYCACHEPREFIX is left "
+            "out, so every rank compiles what it imports again; run 'dscluster provision'"
+        )
+    return _one_path(facts, "pycache_dir", "ml_stack_pycache_dir"), ""
+
+
 def _fabric_env(facts: list[NodeFacts]) -> tuple[dict[str, str], list[str]]:
     """The nccl_env keys every node shares, and a warning per other key left out."""
     env: dict[str, str] = {}
@@ -458,6 +476,10 @@ def derive_launch_env(
             iface = ifaces.pop()
             env["GLOO_SOCKET_IFNAME"] = iface
             env["NCCL_SOCKET_IFNAME"] = iface
+    pycache, note = _pycache_dir(facts)
+    if pycache:
+        env["PYTHONPYCACHEPREFIX"] = pycache
+    warnings += [note] if note else []
     kinds = {f.accelerator for f in facts}
     if kinds == {"cpu"}:
         threads = min(max(1, f.cpus // max(1, f.slots)) for f in facts)

@@ -124,6 +124,20 @@ def test_smoke_zero2_across_every_slot(cluster: pathlib.Path):
     for row in report["allreduce"]:
         assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 2 * (NODES - 1) / NODES)
     assert time.monotonic() - started < 900
+    # The ranks' bytecode went to the training user's PYTHONPYCACHEPREFIX (the venv is root's):
+    # on every node the next job's imports read it instead of compiling DeepSpeed again.
+    env = dict(ln.split("=", 1) for ln in (cluster / ".deepspeed_env").read_text().splitlines())
+    prefix = env["PYTHONPYCACHEPREFIX"]
+    assert prefix == "/opt/dscluster/pycache"
+    python = f"{env['PATH'].split(':')[0]}/python"
+    for i in range(1, NODES + 1):
+        out = docker(
+            "exec", "-u", "ds", f"dsc-{NAME}-n{i}", "sh", "-c",
+            f"PYTHONPYCACHEPREFIX={prefix} {python} -v -c 'import deepspeed.runtime.engine' 2>&1",
+        )  # fmt: skip
+        read = [ln for ln in out.splitlines() if ln.startswith("# code object from ")]
+        engine = [ln for ln in read if "/deepspeed/runtime/engine.cpython-" in ln]
+        assert engine and engine[0].startswith(f"# code object from '{prefix}/"), read[-20:]
 
 
 @pytest.mark.disruptive

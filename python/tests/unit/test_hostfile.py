@@ -108,6 +108,48 @@ def test_derive_env_refuses_different_venvs():
         hostfile.derive_env(facts)
 
 
+def cpu_node(host: str, pycache: str) -> hostfile.NodeFacts:
+    return hostfile.NodeFacts(
+        host, "cpu", 0, 1, "eth0", "", "/opt/v", "/opt/ext", 2, {}, pycache_dir=pycache
+    )
+
+
+def test_pycache_prefix_is_the_recorded_one_when_every_node_has_it():
+    env, warnings = hostfile.derive_launch_env(
+        [cpu_node("a", "/opt/pyc"), cpu_node("b", "/opt/pyc")]
+    )
+    assert env["PYTHONPYCACHEPREFIX"] == "/opt/pyc" and warnings == []
+    # ml_stack_pycache_dir "" everywhere (or facts from before it): left out, nothing said
+    env, warnings = hostfile.derive_launch_env([cpu_node("a", ""), cpu_node("b", "")])
+    assert "PYTHONPYCACHEPREFIX" not in env and warnings == []
+    # the user's dscluster_extra_env has the last word
+    env, _ = hostfile.derive_launch_env([cpu_node("a", "/opt/pyc")], {"PYTHONPYCACHEPREFIX": "/x"})
+    assert env["PYTHONPYCACHEPREFIX"] == "/x"
+
+
+def test_pycache_prefix_left_out_naming_the_nodes_without_it():
+    env, warnings = hostfile.derive_launch_env(
+        [cpu_node("a", "/opt/pyc"), cpu_node("b", ""), cpu_node("c", "")]
+    )
+    assert "PYTHONPYCACHEPREFIX" not in env
+    assert warnings == [
+        "no pycache_dir recorded for b, c: PYTHONPYCACHEPREFIX is left out, so every rank "
+        "compiles what it imports again; run 'dscluster provision'"
+    ]
+    with pytest.raises(DsclusterError, match=r"different pycache_dir paths.*ml_stack_pycache_dir"):
+        hostfile.derive_launch_env([cpu_node("a", "/opt/pyc"), cpu_node("b", "/opt/other")])
+
+
+def test_pycache_dir_read_from_the_ml_stack_fact(inventory_dir: pathlib.Path):
+    for host in ("node-a", "node-b", "node-c"):
+        data = json.loads((inventory_dir / "facts" / f"{host}.json").read_text())
+        data["versions"]["pycache_dir"] = "/opt/dscluster/pycache"
+        (inventory_dir / "facts" / f"{host}.json").write_text(json.dumps(data))
+    files = hostfile.write_launch_files(inventory.load(inventory_dir))
+    env = dict(line.split("=", 1) for line in files.env_file.read_text().splitlines())
+    assert env["PYTHONPYCACHEPREFIX"] == "/opt/dscluster/pycache"
+
+
 def test_write_launch_files_heterogeneous_slots(inventory_dir: pathlib.Path):
     inv = inventory.load(inventory_dir)
     files = hostfile.write_launch_files(inv)

@@ -382,6 +382,7 @@ FACT_KEYS = (
     "versions",
     "versions.venv",
     "versions.torch_extensions_dir",
+    "versions.pycache_dir",
     "nccl_env",
     "nccl_env.env",
 )
