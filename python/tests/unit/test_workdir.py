@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pathlib
+import subprocess
 import tarfile
 
 import pytest
@@ -153,8 +154,8 @@ def test_launch_stages_the_tarball_and_reports_where_it_ran(tmp_path, inventory_
     def fake_playbook(playbook, inv, *, extravars, **kw):
         stage = pathlib.Path(extravars["launch_stage_dir"])
         seen.update(extravars)
-        with tarfile.open(stage / extravars["launch_project_tar"]) as tar:
-            seen["names"] = sorted(tar.getnames())
+        with tarfile.open(stage / extravars["launch_job_tar"]) as tar:
+            seen["members"] = [(m.name, m.mode) for m in tar.getmembers()]
         fetched = pathlib.Path(extravars["launch_fetch_dir"])
         (fetched / "launcher.log").write_text("node-a: train\n")
         (fetched / "exit_status").write_text("0\n")
@@ -166,11 +167,20 @@ def test_launch_stages_the_tarball_and_reports_where_it_ran(tmp_path, inventory_
         "--", "train.py", "--deepspeed", "ds_config.json",
     )  # fmt: skip
     assert rc == 0, err
-    assert seen["launch_project_tar"] == workdir.PROJECT_TAR
-    assert "src/model.py" in seen["names"] and "ckpt.pt" not in seen["names"]
-    assert not {f["name"] for f in seen["launch_files"]} & set(seen["names"])
+    assert seen["launch_job_tar"] == workdir.JOB_TAR
     job_dir = seen["launch_job_dir"]
     assert job_dir.rsplit("/", 1)[1].startswith("launch-")
+    # one tarball: the job directory, the project in it, the job's own files beside it
+    top = job_dir.rsplit("/", 1)[1]
+    assert seen["members"][0] == (top, 0o755)
+    modes = {name.removeprefix(f"{top}/"): mode for name, mode in seen["members"][1:]}
+    assert all(name.startswith(f"{top}/") for name, _ in seen["members"][1:])
+    assert len(modes) == len(seen["members"]) - 1  # no name twice: nothing overwrites
+    assert "src/model.py" in modes and "ckpt.pt" not in modes
+    assert (modes["run.sh"], modes["train.py"], modes["launch.sh"]) == (0o755, 0o644, 0o755)
+    project = set(workdir.scan(str(root)).entries)
+    assert not project & workdir.JOB_FILE_NAMES
+    assert {"launch.sh", "hostfile", ".deepspeed_env"} <= set(modes) - project
     line = err.strip().splitlines()[-1]
     assert line.startswith("launch launch-") and "job exited 0; log " in line
     assert line.endswith(f"; ran in {job_dir} on node-a (8 files from {root.resolve()})")
@@ -182,12 +192,35 @@ def test_without_workdir_only_the_script_is_staged(tmp_path, inventory_dir, monk
 
     def fake_playbook(playbook, inv, *, extravars, **kw):
         seen.update(extravars)
+        with tarfile.open(pathlib.Path(extravars["launch_stage_dir"]) / workdir.JOB_TAR) as tar:
+            seen["names"] = tar.getnames()
         (pathlib.Path(extravars["launch_fetch_dir"]) / "exit_status").write_text("0\n")
         return PlaybookResult(status="successful", rc=0, hosts={}, failures=[])
 
     monkeypatch.setattr(launch_run, "run_playbook", fake_playbook)
     rc, _, err = run_cli("launch", "-i", str(inventory_dir), "--no-doctor", "--", str(script))
     assert rc == 0, err
-    assert seen["launch_project_tar"] == ""
-    assert "train.py" in {f["name"] for f in seen["launch_files"]}
+    top = seen["launch_job_dir"].rsplit("/", 1)[1]
+    staged = {name.removeprefix(f"{top}/") for name in seen["names"][1:]}
+    assert "train.py" in staged
+    assert staged - {"train.py"} <= workdir.JOB_FILE_NAMES  # the script and the job's files
     assert err.strip().splitlines()[-1].endswith(f"; ran in {seen['launch_job_dir']} on node-a")
+
+
+def test_job_tarball_unpacks_as_the_job_directory_with_its_modes(tmp_path):
+    """What launch.yml's unarchive gets: GNU tar (as on the nodes) makes the job directory
+    from it, the project inside, the job's files with their modes beside it."""
+    project = workdir.scan(str(make_project(tmp_path / "proj")))
+    tar = tmp_path / workdir.JOB_TAR
+    files = {"launch.sh": (b"#!/bin/bash\necho hi\n", 0o755), "hostfile": (b"a slots=1\n", 0o644)}
+    workdir.write_job_tar(tar, "launch-1", files, project)
+    (tmp_path / "jobs").mkdir()
+    subprocess.run(["tar", "-xf", str(tar), "-C", str(tmp_path / "jobs")], check=True)
+    job = tmp_path / "jobs" / "launch-1"
+    assert (job / "launch.sh").read_bytes() == b"#!/bin/bash\necho hi\n"
+    assert os.access(job / "launch.sh", os.X_OK) and not os.access(job / "hostfile", os.X_OK)
+    assert (job / "src" / "alias.py").read_text() == "X = 1\n"  # the project's inner link
+    assert os.access(job / "run.sh", os.X_OK)
+    assert sorted(p.name for p in job.iterdir()) == sorted(
+        {*files, *(rel.split("/")[0] for rel in project.entries)}
+    )

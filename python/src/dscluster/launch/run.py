@@ -10,6 +10,7 @@ import pathlib
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import PurePosixPath
 
 from rich.console import Console
 
@@ -22,7 +23,7 @@ from ..runner import PlaybookResult, run_playbook
 from ..util import atomic_write, print_warnings, write_files
 from .render import Plan, build_plan, render_mpi_hostfile
 from .watch import ScriptFailure, lost_nodes, script_failure
-from .workdir import JOB_FILE_NAMES, PROJECT_TAR, Project, check_names, project_for, write_tar
+from .workdir import JOB_FILE_NAMES, JOB_TAR, Project, check_names, project_for, write_job_tar
 
 
 def new_run_id(prefix: str) -> str:
@@ -93,15 +94,10 @@ def run_job(
         raise DsclusterError(f"--timeout {timeout}: give the job at least one second, e.g. 600")
     stage = pathlib.Path(tempfile.mkdtemp(prefix="launch-", dir=cache_dir()))
     try:
-        entries = []
-        for name, (text, mode) in plan.files.items():
-            (stage / name).write_text(text)
-            entries.append({"name": name, "mode": mode})
+        files = {name: (text.encode(), int(mode, 8)) for name, (text, mode) in plan.files.items()}
         for name, path in (stage_files or {}).items():
-            shutil.copy(path, stage / name)
-            entries.append({"name": name, "mode": "0644"})
-        if project is not None:
-            write_tar(project, stage / PROJECT_TAR)
+            files[name] = (path.read_bytes(), 0o644)
+        write_job_tar(stage / JOB_TAR, PurePosixPath(plan.job_dir).name, files, project)
         fetched_dir = stage / "fetched"
         fetched_dir.mkdir()
         result = run_playbook(
@@ -111,8 +107,7 @@ def run_job(
                 "launch_stage_dir": str(stage),
                 "launch_fetch_dir": str(fetched_dir),
                 "launch_job_dir": plan.job_dir,
-                "launch_files": entries,
-                "launch_project_tar": PROJECT_TAR if project is not None else "",
+                "launch_job_tar": JOB_TAR,
                 "launch_fetch": ["launcher.log", "exit_status", *fetch],
                 "launch_timeout": timeout,
             },

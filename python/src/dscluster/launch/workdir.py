@@ -10,11 +10,13 @@ MAX_PROJECT_BYTES, a script outside the project, a name dscluster's job files us
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import pathlib
 import stat
 import tarfile
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Mapping, Sequence
 
 import pathspec
 
@@ -42,8 +44,9 @@ JOB_FILE_NAMES = frozenset(
         "exit_status",
     }
 )
-# The tarball's name in the staging directory and the job directory (removed once unpacked).
-PROJECT_TAR = ".dscluster-project.tar"
+# The tarball a job is staged as (its files, and the project of --workdir), in the controller's
+# staging directory; launch.yml unpacks it on the nodes in one step.
+JOB_TAR = ".dscluster-job.tar"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +149,7 @@ def scan(workdir: str) -> Project:
 
 def check_names(project: Project, job_files: Iterable[str] = JOB_FILE_NAMES) -> None:
     """Refuse a project whose top-level names are the job directory's own files."""
-    taken = set(job_files) | {PROJECT_TAR}
+    taken = set(job_files) | {JOB_TAR}
     clash = sorted({rel.split("/")[0] for rel in project.entries} & taken)
     if clash:
         raise DsclusterError(
@@ -192,24 +195,52 @@ def write_tar(project: Project, dest: pathlib.Path) -> None:
         dest.open("wb") as raw,
         tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar,
     ):
-        dirs: set[str] = set()
-        for rel in sorted(project.entries):
-            path, _, link = project.entries[rel]
-            parts = rel.split("/")
-            for i in range(1, len(parts)):
-                d = "/".join(parts[:i])
-                if d not in dirs:
-                    dirs.add(d)
-                    tar.addfile(_info(d, tarfile.DIRTYPE, 0o755, 0))
-            if link:
-                info = _info(rel, tarfile.SYMTYPE, 0o777, 0)
-                info.linkname = link
-                tar.addfile(info)
-                continue
-            info = _info(rel, tarfile.REGTYPE, _mode(path), int(path.stat().st_mtime))
-            with path.open("rb") as f:
-                info.size = os.fstat(f.fileno()).st_size
-                tar.addfile(info, f)
+        _add_project(tar, project, "")
+
+
+def write_job_tar(
+    dest: pathlib.Path,
+    top: str,
+    files: Mapping[str, tuple[bytes, int]],
+    project: Project | None = None,
+) -> None:
+    """The job as one tarball under the directory `top` (the job directory's name): the
+    project's entries (as write_tar has them), then the job's own files (name -> (bytes,
+    mode)); owner-less, the directory 0755."""
+    with (
+        dest.open("wb") as raw,
+        tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
+        tar.addfile(_info(top, tarfile.DIRTYPE, 0o755, 0))
+        if project is not None:
+            _add_project(tar, project, f"{top}/")
+        now = int(time.time())
+        for name in sorted(files):
+            data, mode = files[name]
+            info = _info(f"{top}/{name}", tarfile.REGTYPE, mode, now)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def _add_project(tar: tarfile.TarFile, project: Project, prefix: str) -> None:
+    dirs: set[str] = set()
+    for rel in sorted(project.entries):
+        path, _, link = project.entries[rel]
+        parts = rel.split("/")
+        for i in range(1, len(parts)):
+            d = "/".join(parts[:i])
+            if d not in dirs:
+                dirs.add(d)
+                tar.addfile(_info(prefix + d, tarfile.DIRTYPE, 0o755, 0))
+        if link:
+            info = _info(prefix + rel, tarfile.SYMTYPE, 0o777, 0)
+            info.linkname = link
+            tar.addfile(info)
+            continue
+        info = _info(prefix + rel, tarfile.REGTYPE, _mode(path), int(path.stat().st_mtime))
+        with path.open("rb") as f:
+            info.size = os.fstat(f.fileno()).st_size
+            tar.addfile(info, f)
 
 
 def _info(name: str, kind: bytes, mode: int, mtime: int) -> tarfile.TarInfo:
