@@ -101,9 +101,9 @@ def test_mitogen_is_an_option_read_from_the_environment(monkeypatch):
 
 
 def test_a_failed_loop_names_its_first_failed_item_and_why(tmp_path: pathlib.Path):
-    """A real loop that fails (copy of a file that is not there, as launch.yml's 'Copy the
-    job's files' would on a missing staged file): Ansible's own message is only 'One or more
-    items failed'; the failure kept names the item and the module's message."""
+    """A real loop that fails (a copy of a file that is not there): Ansible's own message is
+    only 'One or more items failed'; the failure kept names the item and the module's
+    message."""
     import ansible_runner  # noqa: PLC0415 - slow import
 
     (tmp_path / "here.txt").write_text("x")
