@@ -3,7 +3,8 @@
 # take out everything that makes the copy one particular node of one particular cluster,
 # so every node started from the baked image makes its own at first boot and `dscluster
 # provision` gives it its cluster's. What stays is the installed stack: packages, the
-# training user, the venv, the wheels, the torch extensions.
+# training user, the venv, the wheels, the torch extensions, and the ranks' bytecode
+# (ml_stack_pycache_dir, /opt/dscluster/pycache: jobs on the baked nodes start from it).
 # On EC2 an AMI is made from the running node, so the same script runs once on each node
 # started from it instead, from cloud-init's bootcmd (before its ssh module makes new host
 # keys and installs the key pair), with the second argument `first-boot`.
