@@ -10,7 +10,6 @@ import pathlib
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import PurePosixPath
 
 from rich.console import Console
 
@@ -97,7 +96,7 @@ def run_job(
         files = {name: (text.encode(), int(mode, 8)) for name, (text, mode) in plan.files.items()}
         for name, path in (stage_files or {}).items():
             files[name] = (path.read_bytes(), 0o644)
-        write_job_tar(stage / JOB_TAR, PurePosixPath(plan.job_dir).name, files, project)
+        write_job_tar(stage / JOB_TAR, pathlib.PurePosixPath(plan.job_dir).name, files, project)
         fetched_dir = stage / "fetched"
         fetched_dir.mkdir()
         result = run_playbook(
