@@ -244,7 +244,10 @@ def variable_problems(inv: Inventory) -> list[str]:
         known = set(rules)
         if isinstance(extra, list):
             known |= {x for x in extra if isinstance(x, str)}
-        for name in sorted(k for k in hv if isinstance(k, str) and k.startswith(PREFIX)):
+        # dscluster_* names (unknown ones are typos) and the role variables rules.yml names
+        for name in sorted(
+            k for k in hv if isinstance(k, str) and (k.startswith(PREFIX) or k in rules)
+        ):
             value = hv[name]
             if name not in known:
                 text = _unknown(name, sorted(known))
