@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
+import sys
 
 import lightning as L
 import torch
@@ -94,7 +96,15 @@ def main() -> int:
         "last_loss": sum(module.losses[-3:]) / 3,
     }
     print("RESULT " + json.dumps(report), flush=True)
-    return 0
+    trainer.strategy.barrier("result")
+    # Leave without running any destructor, as examples/accelerate and examples/hf_trainer
+    # do: on gloo (CPU) torch's teardown of DDP's process group at interpreter exit can meet
+    # gloo's worker thread still running and end a rank that trained and reported with
+    # SIGABRT ("terminate called without an active exception") or a hang. Every rank is
+    # past the barrier above.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
