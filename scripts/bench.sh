@@ -7,8 +7,9 @@
 #      per-task profile (top 15 tasks by time summed across hosts), and again with mitogen;
 #      a new 3-node cluster with the wheelhouse cached, and one node added to it (--add);
 #      a node of the local cluster baked into an image (image bake), a new 3-node cluster
-#      from it and one node added to that; provision of 4, 8 and 16 local nodes
-#      (BENCH_SCALE="4 8 16"; BENCH_SCALE= skips them)
+#      from it and one node added to that; provision of 4, 8 and 16 local nodes, each with
+#      its CPU split between the nodes and the controller (BENCH_SCALE="4 8 16"; BENCH_SCALE=
+#      skips them)
 #   3. a user requirement added to the provisioned cluster (the wheelhouse's user layer: the
 #      DeepSpeed build must not run) and removed again; per-node install of the base layer
 #      with pip vs uv (install_bench.py on the head, a fresh venv each)
@@ -79,11 +80,25 @@ timed add_node_baked_s "$OUT/$stamp-add-node-baked.log" \
 $DSC local down --name bench >/dev/null 2>&1 || true
 docker image rm -f "$baked" >/dev/null 2>&1 || true
 
+# Each with its CPU split: the node containers' own CPU-seconds (their cgroups, read before
+# the cluster goes) and the rest of the machine's (the controller: ansible-playbook, its
+# workers, ssh; dockerd). Here both share the same cores; on a real cluster only the
+# controller's part adds up on one machine.
 for n in ${BENCH_SCALE-4 8 16}; do
   echo "== provision of $n local nodes (wheelhouse cached)"
   $DSC local down --name scale >/dev/null 2>&1 || true
+  cpu0=$($BIN/python scripts/bench_cpu.py machine)
   timed "provision_${n}_nodes_s" "$OUT/$stamp-scale-$n.log" \
     bash -c "$DSC local up --name scale --nodes $n && $DSC provision -i inventories/scale"
+  cpu1=$($BIN/python scripts/bench_cpu.py machine)
+  split=$($BIN/python scripts/bench_cpu.py nodes scale)
+  R["provision_${n}_cpu"]=$($BIN/python -c "
+import json, sys
+nodes = json.loads(sys.argv[1]); machine = float(sys.argv[3]) - float(sys.argv[2])
+ctl = None if nodes['cpu_s'] is None else round(machine - nodes['cpu_s'], 1)
+print(json.dumps({'machine_cpu_s': round(machine, 1), 'nodes_cpu_s': nodes['cpu_s'],
+                  'max_node_cpu_s': nodes['max_node_cpu_s'], 'controller_cpu_s': ctl}))" \
+    "$split" "$cpu0" "$cpu1")
   $DSC local down --name scale >/dev/null 2>&1 || true
 done
 if [[ "${R[provision_4_nodes_s]:-}" =~ ^[0-9.]+$ && "${R[provision_16_nodes_s]:-}" =~ ^[0-9.]+$ ]]; then

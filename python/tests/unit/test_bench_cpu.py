@@ -1,0 +1,53 @@
+"""scripts/bench_cpu.py, make bench's split of a local provision's CPU between the node
+containers and the controller: each cgroup layout Docker may leave is read, and a container
+whose counter is nowhere is unknown (the split is then not printed as if it were 0)."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import pathlib
+
+import pytest
+
+from .. import rolefiles
+
+
+@pytest.fixture
+def bench_cpu(tmp_path, monkeypatch):
+    file = rolefiles.REPO / "scripts" / "bench_cpu.py"
+    loader = importlib.machinery.SourceFileLoader("dscluster_bench_cpu", str(file))
+    spec = importlib.util.spec_from_loader("dscluster_bench_cpu", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    monkeypatch.setattr(module, "CGROUP", tmp_path)
+    return module
+
+
+def write(path: pathlib.Path, text: str) -> None:
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+
+
+def test_cgroup_v1_counter_is_nanoseconds(bench_cpu, tmp_path):
+    write(tmp_path / "cpuacct/docker/abc/cpuacct.usage", "51250000000\n")
+    assert bench_cpu.container_cpu_s("abc") == pytest.approx(51.25)
+
+
+@pytest.mark.parametrize("where", ["system.slice/docker-abc.scope", "docker/abc"])
+def test_cgroup_v2_usage_usec_with_either_driver(bench_cpu, tmp_path, where):
+    write(tmp_path / where / "cpu.stat", "usage_usec 7500000\nuser_usec 5000000\n")
+    assert bench_cpu.container_cpu_s("abc") == pytest.approx(7.5)
+
+
+def test_container_without_a_counter_is_unknown(bench_cpu, tmp_path):
+    write(tmp_path / "cpuacct/docker/other/cpuacct.usage", "1\n")
+    write(tmp_path / "docker/abc/cpu.stat", "user_usec 5\n")  # no usage_usec line
+    assert bench_cpu.container_cpu_s("abc") is None
+
+
+def test_machine_busy_seconds_only_grow(bench_cpu):
+    first = bench_cpu.machine_busy_s()
+    sum(i * i for i in range(200_000))  # some CPU between the readings
+    assert 0 < first <= bench_cpu.machine_busy_s()
