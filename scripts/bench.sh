@@ -91,7 +91,8 @@ for n in ${BENCH_SCALE-4 8 16}; do
   timed "provision_${n}_nodes_s" "$OUT/$stamp-scale-$n.log" \
     bash -c "$DSC local up --name scale --nodes $n && $DSC provision -i inventories/scale"
   cpu1=$($BIN/python scripts/bench_cpu.py machine)
-  split=$($BIN/python scripts/bench_cpu.py nodes scale)
+  split=$($BIN/python scripts/bench_cpu.py nodes scale \
+    || echo '{"nodes": 0, "cpu_s": null, "max_node_cpu_s": null}')  # never stops the bench
   R["provision_${n}_cpu"]=$($BIN/python -c "
 import json, sys
 nodes = json.loads(sys.argv[1]); machine = float(sys.argv[3]) - float(sys.argv[2])
