@@ -10,12 +10,14 @@ import subprocess
 import tarfile
 
 import pytest
+import yaml
 
 from dscluster.errors import DsclusterError
 from dscluster.launch import run as launch_run
 from dscluster.launch import workdir
 from dscluster.runner import PlaybookResult
 
+from .. import rolefiles
 from .clirun import run_cli, run_main
 
 
@@ -224,3 +226,21 @@ def test_job_tarball_unpacks_as_the_job_directory_with_its_modes(tmp_path):
     assert sorted(p.name for p in job.iterdir()) == sorted(
         {*files, *(rel.split("/")[0] for rel in project.entries)}
     )
+
+
+def test_job_files_are_written_and_read_back_as_the_training_user():
+    """launch.yml unpacks the tarball and fetches the log and outputs as the training user,
+    never as root: where the head mounts the share from a [storage] node or an external
+    server with root_squash, root is nobody there and may not write into the user's job
+    area. (No kernel NFS server on the test machines to show it end to end; the e2e launch
+    tests run this play as it is.)"""
+    plays = yaml.safe_load((rolefiles.REPO / "playbooks" / "launch.yml").read_text())
+    tasks = {t["name"]: t for play in plays for t in play.get("tasks", [])}
+    tasks |= {t["name"]: t for play in plays for b in play.get("tasks", [])
+              for t in b.get("block", []) + b.get("always", [])}  # fmt: skip
+    unpack = tasks["Unpack the job's files into the job directory"]
+    fetch = tasks["Fetch the log, the exit status and the job's outputs"]
+    for task in (unpack, fetch):
+        assert task["become"] is True
+        assert task["become_user"] == "{{ dscluster_training_user }}"
+    assert "owner" not in unpack["ansible.builtin.unarchive"]  # nothing for root to chown
