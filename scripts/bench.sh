@@ -90,16 +90,7 @@ for n in ${BENCH_SCALE-4 8 16}; do
   cpu0=$($BIN/python scripts/bench_cpu.py machine)
   timed "provision_${n}_nodes_s" "$OUT/$stamp-scale-$n.log" \
     bash -c "$DSC local up --name scale --nodes $n && $DSC provision -i inventories/scale"
-  cpu1=$($BIN/python scripts/bench_cpu.py machine)
-  split=$($BIN/python scripts/bench_cpu.py nodes scale \
-    || echo '{"nodes": 0, "cpu_s": null, "max_node_cpu_s": null}')  # never stops the bench
-  R["provision_${n}_cpu"]=$($BIN/python -c "
-import json, sys
-nodes = json.loads(sys.argv[1]); machine = float(sys.argv[3]) - float(sys.argv[2])
-ctl = None if nodes['cpu_s'] is None else round(machine - nodes['cpu_s'], 1)
-print(json.dumps({'machine_cpu_s': round(machine, 1), 'nodes_cpu_s': nodes['cpu_s'],
-                  'max_node_cpu_s': nodes['max_node_cpu_s'], 'controller_cpu_s': ctl}))" \
-    "$split" "$cpu0" "$cpu1")
+  R["provision_${n}_cpu"]=$($BIN/python scripts/bench_cpu.py split scale "$cpu0")
   $DSC local down --name scale >/dev/null 2>&1 || true
 done
 if [[ "${R[provision_4_nodes_s]:-}" =~ ^[0-9.]+$ && "${R[provision_16_nodes_s]:-}" =~ ^[0-9.]+$ ]]; then

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Where a local provision's CPU goes: the nodes' own work vs the controller's (make bench).
 
-  bench_cpu.py machine        busy CPU-seconds of the whole machine so far (/proc/stat)
-  bench_cpu.py nodes CLUSTER  JSON: CPU-seconds each running node container of the local
-                              cluster CLUSTER used since it started (its cgroup's counter)
+  bench_cpu.py machine             busy CPU-seconds of the whole machine so far (/proc/stat)
+  bench_cpu.py split CLUSTER CPU0  JSON: the machine's busy CPU-seconds since the reading
+                                   CPU0, the running node containers' of the local cluster
+                                   CLUSTER since they started (their cgroups' counters), the
+                                   largest node's, and the rest: the controller's
 
 On this machine the node containers share the controller's cores; on a real cluster each
 node's own work (dpkg, the stack install, Ansible's modules) runs on its own CPUs and only
@@ -19,8 +21,9 @@ import pathlib
 import subprocess
 import sys
 
+from dscluster.sources.local import LABEL
+
 CGROUP = pathlib.Path("/sys/fs/cgroup")
-LABEL = "dscluster.cluster"  # python/src/dscluster/sources/local.py
 
 
 def machine_busy_s() -> float:
@@ -48,29 +51,37 @@ def container_cpu_s(cid: str) -> float | None:
     return None
 
 
-def nodes(cluster: str) -> dict:
-    out = subprocess.run(
-        ["docker", "ps", "--no-trunc", "--filter", f"label={LABEL}={cluster}",
-         "--format", "{{.ID}} {{.Names}}"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    per = {}
+def split(cluster: str, cpu0: float) -> dict:
+    """Unknown (None) node and controller parts where a node's counter or docker is not
+    there: a bench step never stops the bench."""
+    machine = machine_busy_s() - cpu0
+    per: dict[str, float | None] = {}
+    try:
+        out = subprocess.run(
+            ["docker", "ps", "--no-trunc", "--filter", f"label={LABEL}={cluster}",
+             "--format", "{{.ID}} {{.Names}}"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        out = ""
     for line in out.splitlines():
         cid, name = line.split()
         per[name] = container_cpu_s(cid)
     known = [v for v in per.values() if v is not None]
+    nodes = round(sum(known), 1) if per and len(known) == len(per) else None
     return {
-        "nodes": len(per),
-        "cpu_s": round(sum(known), 1) if per and len(known) == len(per) else None,
+        "machine_cpu_s": round(machine, 1),
+        "nodes_cpu_s": nodes,
         "max_node_cpu_s": round(max(known), 1) if known else None,
+        "controller_cpu_s": None if nodes is None else round(machine - nodes, 1),
     }
 
 
 def main(argv: list[str]) -> int:
     if argv[1:] == ["machine"]:
         print(round(machine_busy_s(), 2))
-    elif len(argv) == 3 and argv[1] == "nodes":
-        print(json.dumps(nodes(argv[2])))
+    elif len(argv) == 4 and argv[1] == "split":
+        print(json.dumps(split(argv[2], float(argv[3]))))
     else:
         print(__doc__, file=sys.stderr)
         return 2

@@ -230,10 +230,10 @@ def test_job_tarball_unpacks_as_the_job_directory_with_its_modes(tmp_path):
 
 def test_job_files_are_written_and_read_back_as_the_training_user():
     """launch.yml unpacks the tarball and fetches the log and outputs as the training user,
-    never as root: where the head mounts the share from a [storage] node or an external
-    server with root_squash, root is nobody there and may not write into the user's job
-    area. (No kernel NFS server on the test machines to show it end to end; the e2e launch
-    tests run this play as it is.)"""
+    never as root: where the head mounts the share from a [storage] node with root_squash,
+    root is nobody there and may not write into the user's job area. (No kernel NFS server
+    on the test machines to show it end to end; the e2e launch tests run this play as it
+    is.)"""
     plays = yaml.safe_load((rolefiles.REPO / "playbooks" / "launch.yml").read_text())
     tasks = {t["name"]: t for play in plays for t in play.get("tasks", [])}
     tasks |= {t["name"]: t for play in plays for b in play.get("tasks", [])
