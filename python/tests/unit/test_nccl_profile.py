@@ -3,6 +3,7 @@ recorded outputs by the accelerators fact (fixtures/accelerators/SOURCES.md)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pathlib
 import subprocess
@@ -209,9 +210,13 @@ def test_bad_overrides_fail_naming_the_node(tmp_path, overrides, needle):
     assert needle in str(info.value)
 
 
-def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, stdin: str | None = None, source: bool = False
+) -> subprocess.CompletedProcess:
+    """The script's CLI; source: its source run as python3 -c (as nccl_env runs state)."""
+    program = ["-c", NCCL_PROFILE.read_text()] if source else [str(NCCL_PROFILE)]
     return subprocess.run(
-        [sys.executable, str(NCCL_PROFILE), *args],
+        [sys.executable, *program, *args],
         input=stdin,
         capture_output=True,
         text=True,
@@ -239,3 +244,53 @@ def test_cli_profile_and_check_ifname(tmp_path):
     assert forced.returncode == 1
     assert len(forced.stderr.strip().splitlines()) == 1
     assert forced.stdout == ""
+
+
+def run_state(*args: str, stdin: str) -> subprocess.CompletedProcess:
+    return run_cli("state", *args, stdin=stdin, source=True)
+
+
+def test_cli_state_reads_the_profile_its_interfaces_and_the_files_in_one_run(tmp_path):
+    fact = fact_from(tmp_path / "root", nvidia_smi=fixture("nvidia-smi-L_4x_a100_mig.txt"))
+    conf = tmp_path / "nccl.conf"
+    conf.write_text("NCCL_DEBUG=INFO\n")
+    conf.chmod(0o600)
+    missing = tmp_path / "nccl_env.fact"
+    ok = run_state(
+        "--fact", "-", "--overrides", '{"env": {"NCCL_DEBUG": "INFO"}}',
+        f"--file={tmp_path}", f"--file={conf}", f"--file={missing}",
+        stdin=json.dumps(fact),
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    state = json.loads(ok.stdout)
+    assert state["error"] is None
+    assert state["profile"] == nccl_profile.build_profile(fact, {"env": {"NCCL_DEBUG": "INFO"}})
+    assert state["ifname"] == {"interfaces": state["profile"]["interfaces"]}
+    made = tmp_path.stat()
+    mode = f"{made.st_mode & 0o7777:04o}"
+    assert state["files"][str(tmp_path)] == {
+        "uid": made.st_uid, "gid": made.st_gid, "mode": mode, "isdir": True,
+    }  # fmt: skip
+    assert state["files"][str(conf)]["mode"] == "0600"
+    assert state["files"][str(conf)]["text"] == "NCCL_DEBUG=INFO\n"
+    # the sha1 Ansible's copy compares
+    assert state["files"][str(conf)]["sha1"] == hashlib.sha1(b"NCCL_DEBUG=INFO\n").hexdigest()
+    assert state["files"][str(missing)] is None
+
+
+def test_cli_state_says_why_a_profile_cannot_work_and_still_reads_the_files(tmp_path):
+    fact = fact_from(tmp_path / "root", nvidia_smi=fixture("nvidia-smi-L_2x_quadro_rtx4000.txt"))
+    fact["hostname"] = "gpu-b"
+    forced = run_state(
+        "--fact", "-", "--overrides", '{"profile": "ib"}', f"--file={tmp_path / 'x'}",
+        stdin=json.dumps(fact),
+    )  # fmt: skip
+    assert forced.returncode == 0, forced.stderr
+    state = json.loads(forced.stdout)
+    assert (state["profile"], state["ifname"]) == (None, None)
+    assert state["error"].startswith("gpu-b: profile ib forced but this node has no InfiniBand HCA")
+    assert state["files"] == {str(tmp_path / "x"): None}
+    not_json = run_state("--fact", "-", "--overrides", "{", stdin=json.dumps(fact))
+    assert not_json.returncode == 1
+    assert not_json.stderr.strip().splitlines() == [not_json.stderr.strip()]
+    assert not_json.stderr.startswith("gpu-b: --overrides is not JSON")
