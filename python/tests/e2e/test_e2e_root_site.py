@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from .. import rolefiles
+from .faults import sh
 
 pytestmark = pytest.mark.docker
 
@@ -40,15 +41,17 @@ def changed_tasks(stdout: str) -> list[str]:
     return found
 
 
-def ansible_playbook(playbook: str, cluster: pathlib.Path) -> subprocess.CompletedProcess[str]:
-    """`ansible-playbook PLAYBOOK -i <cluster>/hosts.yml` from the clone's root, the
+def ansible_playbook(
+    playbook: str, cluster: pathlib.Path, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """`ansible-playbook PLAYBOOK -i <cluster>/hosts.yml [ARGS]` from the clone's root, the
     environment without ANSIBLE_* (the root's ansible.cfg applies, as for a user there)."""
     bin_dir = pathlib.Path(sys.executable).parent
     program = shutil.which("ansible-playbook", path=str(bin_dir)) or "ansible-playbook"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
     return subprocess.run(
-        [program, playbook, "-i", str(cluster / "hosts.yml")],
+        [program, playbook, "-i", str(cluster / "hosts.yml"), *args],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=1800, check=False,
     )  # fmt: skip
 
@@ -75,3 +78,45 @@ def test_the_cluster_scenarios_verify_passes_on_the_e2e_cluster(cluster: pathlib
         # every check ran on every node (13 tasks, 3 of them once, on the head) and none failed
         assert ok >= 10 and unreachable == 0 and failed == 0, (host, proc.stdout[-3000:])
         assert changed == 0, (host, changed_tasks(proc.stdout))
+
+
+# What each tampering on the second node undoes: the task that must write it again (the
+# roles skip a write where their one reading shows the file as the write would leave it).
+TAMPERED = {
+    "nccl_env : Write NCCL's configuration file": "echo NCCL_SOCKET_IFNAME=ib9 >> /etc/nccl.conf",
+    "base : List every cluster host in /etc/hosts": (
+        # a bind mount in containers: rewritten in place, the managed block left out
+        'cp /etc/hosts /root/hosts.t && sed "/# BEGIN dscluster/,/# END dscluster/d" '
+        "/root/hosts.t > /etc/hosts && chmod 600 /etc/hosts"
+    ),
+    "base : Remove the loopback alias of this host from /etc/hosts": (
+        'echo "127.0.1.1 $(hostname)" >> /etc/hosts'
+    ),
+    "base : Create the training user": "usermod --shell /bin/sh ds",
+    "ml_stack : Record the versions manifest as a local fact": (
+        'sed -i \'s|"venv": "/opt/dscluster/venv"|"venv": "/opt/other"|\' '
+        "/etc/ansible/facts.d/ml_stack.fact"
+    ),
+}
+
+
+def test_a_tampered_node_is_written_again_and_only_there(cluster: pathlib.Path):
+    """The skips decided on the roles' readings (base, nccl_env, ml_stack) still write what
+    was changed by hand on one node, and nothing on the others."""
+    host = f"{cluster.name}-n2"
+    for script in TAMPERED.values():
+        sh(f"dsc-{host}", script)
+    proc = ansible_playbook("site.yml", cluster, "--tags", "base,nccl_env,ml_stack")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert sorted(changed_tasks(proc.stdout)) == sorted(f"{t}: {host}" for t in TAMPERED)
+    after = sh(
+        f"dsc-{host}",
+        "stat -c %a /etc/hosts; grep -c '^127.0.1.1' /etc/hosts || true; "
+        "grep -c NCCL_SOCKET_IFNAME=ib9 /etc/nccl.conf || true; getent passwd ds | cut -d: -f7; "
+        'grep -o \'"venv": "[^"]*"\' /etc/ansible/facts.d/ml_stack.fact',
+    ).split("\n")
+    assert after[:5] == ["644", "0", "0", "/bin/bash", '"venv": "/opt/dscluster/venv"'], after
+    block = sh(f"dsc-{host}", "sed -n '/# BEGIN dscluster/,/# END dscluster/p' /etc/hosts")
+    assert [line.split()[1] for line in block.splitlines()[1:-1]] == [
+        f"{cluster.name}-n{i}" for i in (1, 2, 3)
+    ], block

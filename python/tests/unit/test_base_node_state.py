@@ -3,8 +3,10 @@ the parts this test can read on any machine, the limits file's text and stat inc
 
 from __future__ import annotations
 
+import grp
 import hashlib
 import os
+import pwd
 
 from tests import rolefiles
 
@@ -18,11 +20,9 @@ def test_limits_file_text_and_stat_for_the_skip_of_its_write(tmp_path):
     text = "ds hard memlock unlimited\nds soft memlock unlimited\n"
     limits.write_text(text)
     limits.chmod(0o640)
-    got = read(
-        {"limits_file": str(limits), "limits_stat": str(limits), "shared_dir": str(tmp_path)}
-    )
+    got = read({"limits_file": str(limits), "stats": [str(limits)], "shared_dir": str(tmp_path)})
     assert got["limits_file"] == text
-    assert got["limits_stat"] == {
+    assert got["stats"][str(limits)] == {
         "sha1": hashlib.sha1(text.encode()).hexdigest(),
         "uid": os.getuid(),
         "gid": os.getgid(),
@@ -31,7 +31,24 @@ def test_limits_file_text_and_stat_for_the_skip_of_its_write(tmp_path):
     assert got["shared_dir"] == {"exists": True, "isdir": True}
     # only the parts asked for; a missing file is null, not an error
     missing = str(tmp_path / "none.conf")
-    assert read({"limits_stat": missing, "limits_file": missing}) == {
-        "limits_stat": None,
+    assert read({"stats": [missing], "limits_file": missing}) == {
+        "stats": {missing: None},
         "limits_file": None,
+    }
+
+
+def test_group_account_and_directory_for_the_skips_of_the_account_writes(tmp_path):
+    me = pwd.getpwuid(os.getuid())
+    group = grp.getgrgid(os.getgid()).gr_name
+    tmp_path.chmod(0o750)
+    got = read({"account": me.pw_name, "group": group, "stats": [str(tmp_path)]})
+    assert got["account"] == [me.pw_passwd, str(me.pw_uid), str(me.pw_gid), me.pw_gecos,
+                              me.pw_dir, me.pw_shell]  # fmt: skip
+    assert got["group"] == os.getgid()
+    assert got["stats"] == {
+        str(tmp_path): {"isdir": True, "uid": os.getuid(), "gid": os.getgid(), "mode": "0750"}
+    }
+    assert read({"account": "no-such-user-x", "group": "no-such-group-x"}) == {
+        "account": None,
+        "group": None,
     }

@@ -8,10 +8,12 @@ anything changes, verify.yml after); prints one JSON object with only the parts 
   owners        {uid: [account names], gid: [group names]} that hold the training ids
   account       the training user's passwd entry as getent lists it (password, uid, gid,
                 gecos, home, shell), or null
+  group         the gid of the named group, or null when there is no such group
+  stats         {path: file_stat} for each path asked: a file's {sha1, uid, gid, mode}, a
+                directory's {isdir, uid, gid, mode}, null when it is not there (configure.yml
+                skips a write whose file already reads as the write would leave it)
   session_limits  /proc/<sshd>/limits: the hard limits login sessions inherit (containers)
   limits_file   the text of the limits file, or null when it is missing
-  limits_stat   {sha1, uid, gid, mode} of the limits file, or null: configure.yml skips its
-                write when the file already reads as the write would leave it
   etc_hosts     the text of /etc/hosts
   own_name      {rc, stdout} of `getent hosts <hostname>`
   chrony        `systemctl is-active chrony` (its first line)
@@ -52,29 +54,17 @@ def read(path):
 
 
 def file_stat(path):
-    """sha1 (the checksum Ansible's copy and template compare), owner, group and mode."""
+    """sha1 (the checksum Ansible's copy and template compare), owner, group and mode; a
+    directory's isdir, owner, group and mode."""
     try:
         st = os.stat(path)
+        about = {"uid": st.st_uid, "gid": st.st_gid, "mode": f"{stat.S_IMODE(st.st_mode):04o}"}
+        if stat.S_ISDIR(st.st_mode):
+            return about | {"isdir": True}
         with open(path, "rb") as fh:
-            digest = hashlib.sha1(fh.read()).hexdigest()
+            return about | {"sha1": hashlib.sha1(fh.read()).hexdigest()}
     except OSError:
         return None
-    return {
-        "sha1": digest,
-        "uid": st.st_uid,
-        "gid": st.st_gid,
-        "mode": f"{stat.S_IMODE(st.st_mode):04o}",
-    }
-
-
-def limits_files(want):
-    """The limits file's text (limits_file) and its file_stat (limits_stat), as asked."""
-    out = {}
-    if "limits_file" in want:
-        out["limits_file"] = read(want["limits_file"])
-    if "limits_stat" in want:
-        out["limits_stat"] = file_stat(want["limits_stat"])
-    return out
 
 
 def owners(uid, gid):
@@ -95,33 +85,49 @@ def account(name):
     return [str(f) for f in fields] + [entry.pw_shell]
 
 
+def group_gid(name):
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        return None
+
+
+def session_limits(_):
+    limits = run(SESSION_LIMITS, shell=True)
+    if limits["rc"] != 0:
+        sys.exit("cannot read the limits of sshd: " + limits["stderr"].strip())
+    return limits["stdout"]
+
+
+def chrony(_):
+    state = run(["systemctl", "is-active", "chrony"])["stdout"].strip().splitlines()
+    return state[0] if state else ""
+
+
+# part -> how to read it from the request's value
+READERS = {
+    "dpkg": run,
+    "shm_df": lambda _: run(["df", "-Pk", "/dev/shm"]),
+    "owners": lambda ids: owners(int(ids["uid"]), int(ids["gid"])),
+    "account": account,
+    "group": group_gid,
+    "stats": lambda paths: {path: file_stat(path) for path in paths},
+    "limits_file": read,
+    "own_name": lambda name: run(["getent", "hosts", name]),
+    "shared_dir": lambda path: {"exists": os.path.lexists(path), "isdir": os.path.isdir(path)},
+}
+# parts read only when the request's value is true
+SWITCHED = {
+    "session_limits": session_limits,
+    "etc_hosts": lambda _: read("/etc/hosts") or "",
+    "chrony": chrony,
+}
+
+
 def main():
     want = json.loads(sys.argv[1])
-    out = {}
-    if "dpkg" in want:
-        out["dpkg"] = run(want["dpkg"])
-    if "shm_df" in want:
-        out["shm_df"] = run(["df", "-Pk", "/dev/shm"])
-    if "owners" in want:
-        out["owners"] = owners(int(want["owners"]["uid"]), int(want["owners"]["gid"]))
-    if "account" in want:
-        out["account"] = account(want["account"])
-    if want.get("session_limits"):
-        limits = run(SESSION_LIMITS, shell=True)
-        if limits["rc"] != 0:
-            sys.exit("cannot read the limits of sshd: " + limits["stderr"].strip())
-        out["session_limits"] = limits["stdout"]
-    out.update(limits_files(want))
-    if want.get("etc_hosts"):
-        out["etc_hosts"] = read("/etc/hosts") or ""
-    if "own_name" in want:
-        out["own_name"] = run(["getent", "hosts", want["own_name"]])
-    if want.get("chrony"):
-        state = run(["systemctl", "is-active", "chrony"])["stdout"].strip().splitlines()
-        out["chrony"] = state[0] if state else ""
-    if "shared_dir" in want:
-        path = want["shared_dir"]
-        out["shared_dir"] = {"exists": os.path.lexists(path), "isdir": os.path.isdir(path)}
+    out = {part: reader(want[part]) for part, reader in READERS.items() if part in want}
+    out |= {part: reader(True) for part, reader in SWITCHED.items() if want.get(part)}
     print(json.dumps(out))
 
 
