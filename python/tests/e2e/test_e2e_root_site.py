@@ -93,6 +93,9 @@ TAMPERED = {
         'echo "127.0.1.1 $(hostname)" >> /etc/hosts'
     ),
     "base : Create the training user": "usermod --shell /bin/sh ds",
+    "node_facts : Install the accelerators fact": (
+        "echo '# edited' >> /etc/ansible/facts.d/accelerators.fact"
+    ),
     "ml_stack : Record the versions manifest as a local fact": (
         'sed -i \'s|"venv": "/opt/dscluster/venv"|"venv": "/opt/other"|\' '
         "/etc/ansible/facts.d/ml_stack.fact"
@@ -101,8 +104,8 @@ TAMPERED = {
 
 
 def test_a_tampered_node_is_written_again_and_only_there(cluster: pathlib.Path):
-    """The skips decided on the roles' readings (base, nccl_env, ml_stack) still write what
-    was changed by hand on one node, and nothing on the others."""
+    """The skips decided on the roles' readings (base, node_facts, nccl_env, ml_stack) still
+    write what was changed by hand on one node, and nothing on the others."""
     host = f"{cluster.name}-n2"
     for script in TAMPERED.values():
         sh(f"dsc-{host}", script)
@@ -113,9 +116,10 @@ def test_a_tampered_node_is_written_again_and_only_there(cluster: pathlib.Path):
         f"dsc-{host}",
         "stat -c %a /etc/hosts; grep -c '^127.0.1.1' /etc/hosts || true; "
         "grep -c NCCL_SOCKET_IFNAME=ib9 /etc/nccl.conf || true; getent passwd ds | cut -d: -f7; "
+        "grep -c '^# edited' /etc/ansible/facts.d/accelerators.fact || true; "
         'grep -o \'"venv": "[^"]*"\' /etc/ansible/facts.d/ml_stack.fact',
     ).split("\n")
-    assert after[:5] == ["644", "0", "0", "/bin/bash", '"venv": "/opt/dscluster/venv"'], after
+    assert after[:6] == ["644", "0", "0", "/bin/bash", "0", '"venv": "/opt/dscluster/venv"'], after
     block = sh(f"dsc-{host}", "sed -n '/# BEGIN dscluster/,/# END dscluster/p' /etc/hosts")
     assert [line.split()[1] for line in block.splitlines()[1:-1]] == [
         f"{cluster.name}-n{i}" for i in (1, 2, 3)
