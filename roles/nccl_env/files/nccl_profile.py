@@ -9,11 +9,11 @@ Pure functions (imported by the tests) plus a small CLI the nccl_env role runs o
         -> exit 0 printing the interfaces SPEC selects; exit 1 with one line naming the node
            and the interfaces it does have
     nccl_profile.py state --fact FILE|- [profile's options] [--file PATH]...
-        -> {"profile": the profile or null, "error": why not or null, "ifname": the interfaces
-           check-ifname selects for the profile's socket_ifname (or its error), "files":
-           {PATH: {uid, gid, mode, isdir} or {uid, gid, mode, sha1, text} or null}}: what the
-           role decides its writes on, in one round trip (run as python3 -c, before the
-           script itself is installed); exit 0 unless the arguments are wrong
+        -> {"profile": the profile (its interfaces checked as check-ifname does) or null,
+           "error": why not or null, "files": {PATH: {uid, gid, mode, isdir} or
+           {uid, gid, mode, sha1, text} or null}}: what the role decides its writes on, in
+           one round trip (run as python3 -c, before the script itself is installed); exit 0
+           unless the arguments are wrong
 
 FILE is what roles/node_facts/files/accelerators.fact prints. Errors are one line on stderr
 and exit status 1. Standard library only; Python 3.9+ (nodes run their distribution's python3).
@@ -341,18 +341,13 @@ def read_node_file(path: str) -> dict | None:
 
 
 def node_state(fact: dict, overrides: object, ofi_dirs: tuple[str, ...], paths: list[str]) -> dict:
-    """The profile (or why there is none), check-ifname's answer for its socket_ifname, and how
-    each of PATHS reads now."""
-    state: dict = {"profile": None, "error": None, "ifname": None}
+    """The profile (or why there is none: build_profile checks its socket interface as
+    check-ifname does) and how each of PATHS reads now."""
+    state: dict = {"profile": None, "error": None}
     try:
         state["profile"] = build_profile(fact, overrides, ofi_dirs)  # type: ignore[arg-type]
     except ProfileError as exc:
         state["error"] = str(exc)
-    if state["profile"] is not None:
-        try:
-            state["ifname"] = {"interfaces": check_ifname(state["profile"]["socket_ifname"], fact)}
-        except ProfileError as exc:
-            state["ifname"] = {"error": str(exc)}
     state["files"] = {path: read_node_file(path) for path in paths}
     return state
 
