@@ -6,8 +6,12 @@ the controller judges them):
   node     this node's own checks: name resolution of every cluster host, /dev/shm, free
            disk, the versions manifest (live, through the cluster venv), libaio and the
            async_io op, socket interface names, accelerators detected now, the shared token
+  start    the first call, run as `python3 -c <this file> start ...`: make a private directory
+           (0755, so the training user can run the probe), write this file there, start the
+           listener from it in the background and print the ports it bound and the directory
+           (removing the directory stops the listener within a second)
   listen   bind the rendezvous port / sampled ephemeral ports, answer each connection with
-           this node's name, for a bounded time (started in the background by Ansible)
+           this node's name, for a bounded time (started in the background by `start`)
   connect  TCP connect to every other node's listeners, in parallel, bounded per attempt
   ssh      as the training user: ssh BatchMode=yes StrictHostKeyChecking=yes to every host,
            with the remote clock read over the same session (offset)
@@ -31,6 +35,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 BANNER = b"dscluster-doctor "
@@ -249,6 +254,47 @@ def cmd_listen(args: argparse.Namespace) -> dict:
     return state
 
 
+def own_source() -> str:
+    """This file's text when run as `python3 -c <text>` (sys.orig_argv: Python 3.10+)."""
+    argv = getattr(sys, "orig_argv", [])
+    if "-c" in argv[:-1]:
+        return argv[argv.index("-c") + 1]
+    return pathlib.Path(__file__).read_text()
+
+
+def cmd_start(args: argparse.Namespace) -> dict:
+    """Directory, probe file, listener in the background; the listener's state once written."""
+    directory = tempfile.mkdtemp(prefix="dscluster-doctor-")
+    os.chmod(directory, 0o755)
+    probe = os.path.join(directory, "doctor_probe.py")
+    pathlib.Path(probe).write_text(own_source())
+    os.chmod(probe, 0o644)
+    state = os.path.join(directory, "listen.json")
+    argv = [sys.executable, probe, "listen", "--state", state]
+    argv += ["--rendezvous", str(args.rendezvous), "--ephemeral", str(args.ephemeral)]
+    argv += ["--seconds", str(args.seconds)]
+    # its own session, no pipe of ours: the command that started it returns at once
+    child = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        cwd="/",
+    )
+    deadline = time.monotonic() + args.wait
+    while not os.path.exists(state):
+        if child.poll() is not None or time.monotonic() > deadline:
+            with contextlib.suppress(OSError):
+                child.kill()
+            shutil.rmtree(directory, ignore_errors=True)
+            if child.returncode is None:
+                sys.exit(f"doctor's listener wrote no state within {args.wait:.0f} s")
+            sys.exit(f"doctor's listener exited {child.returncode} before it bound its ports")
+        time.sleep(0.05)
+    return {"dir": directory, **json.loads(pathlib.Path(state).read_text())}
+
+
 def connect_one(address: str, port: int, timeout: float) -> dict:
     start = time.monotonic()
     try:
@@ -365,6 +411,11 @@ def main(argv: list[str] | None = None) -> int:
     node.add_argument("--profile-script", required=True)
     node.add_argument("--accelerators-fact", required=True)
     node.add_argument("--shared-token", default="")
+    start = sub.add_parser("start")
+    start.add_argument("--rendezvous", type=int, default=0)
+    start.add_argument("--ephemeral", type=int, default=3)
+    start.add_argument("--seconds", type=float, default=120)
+    start.add_argument("--wait", type=float, default=30, help="seconds for the listener to bind")
     listen = sub.add_parser("listen")
     listen.add_argument("--rendezvous", type=int, default=0)
     listen.add_argument("--ephemeral", type=int, default=3)
@@ -383,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handler = {
         "node": cmd_node,
+        "start": cmd_start,
         "listen": cmd_listen,
         "connect": cmd_connect,
         "ssh": cmd_ssh,
