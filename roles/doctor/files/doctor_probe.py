@@ -255,8 +255,12 @@ def cmd_listen(args: argparse.Namespace) -> dict:
 
 
 def own_source() -> str:
-    """This file's text when run as `python3 -c <text>` (sys.orig_argv: Python 3.10+)."""
-    argv = getattr(sys, "orig_argv", [])
+    """This file's text when run as `python3 -c <text>` (sys.orig_argv from Python 3.10, the
+    process's command line before)."""
+    argv = getattr(sys, "orig_argv", None)
+    if argv is None:
+        raw = pathlib.Path("/proc/self/cmdline").read_bytes().split(b"\0")
+        argv = [part.decode(errors="surrogateescape") for part in raw]
     if "-c" in argv[:-1]:
         return argv[argv.index("-c") + 1]
     return pathlib.Path(__file__).read_text()
