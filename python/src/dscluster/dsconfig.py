@@ -389,15 +389,12 @@ def check_on_cluster(
     try:
         config_file = work / "ds_config.json"
         config_file.write_text(json.dumps(config, indent=2) + "\n")
-        out_dir = work / "out"
-        out_dir.mkdir()
         script = resources.files("dscluster.jobs") / "dsconfig_check.py"
         skipped = [h for h in inv.hosts if h not in hosts]
         result = run_playbook(
             "dsconfig.yml",
             inv,
             extravars={
-                "dsconfig_out_dir": str(out_dir),
                 "dsconfig_script": str(script),
                 "dsconfig_config": str(config_file),
                 "dsconfig_world_size": world_size,
@@ -408,11 +405,12 @@ def check_on_cluster(
             timeout=600,
         )
         results: dict[str, dict[str, Any]] = {}
-        for path in sorted(out_dir.glob("*.json")):
+        handed = result.artifacts.get("dsconfig_results")  # {host: the check's JSON line}
+        for host, line in sorted((handed if isinstance(handed, dict) else {}).items()):
             try:
-                results[path.stem] = json.loads(path.read_text())
-            except json.JSONDecodeError as exc:
-                results[path.stem] = {"error": f"unreadable check output ({exc})"}
+                results[host] = json.loads(line)
+            except (TypeError, json.JSONDecodeError) as exc:
+                results[host] = {"error": f"unreadable check output ({exc})"}
         for host, task, message in result.failures:
             # A failure of the whole run (host "-": it ended, timed out, or reached no node
             # before any task) is every unanswered node's reason: named, never "no result".

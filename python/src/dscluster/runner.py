@@ -39,6 +39,9 @@ class PlaybookResult:
     rc: int
     hosts: dict[str, HostSummary]
     failures: list[tuple[str, str, str]]  # host, task, message
+    # The play's custom stats (set_stats, per_host false): what a play hands the controller
+    # without a module run per host; {} when the run ended without its stats.
+    artifacts: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def failed_hosts(self) -> list[str]:
@@ -92,6 +95,12 @@ class Progress:
             self.current[host] = data.get("task", "")
             self._time(data, host)
         return False
+
+    @property
+    def artifacts(self) -> dict[str, Any]:
+        """The play's custom stats (set_stats, per_host false) from the run's stats event."""
+        data = self.stats.get("artifact_data")
+        return dict(data) if isinstance(data, dict) else {}
 
     def _time(self, data: dict[str, Any], host: str) -> None:
         duration = data.get("duration")
@@ -318,7 +327,11 @@ def run_playbook(
         tail = [ln for ln in stdout.splitlines() if ln.strip()][-3:]
         progress.failures.append(("-", playbook, " ".join(tail)[:400] or result.status))
     return PlaybookResult(
-        status=result.status, rc=result.rc, hosts=progress.hosts, failures=progress.failures
+        status=result.status,
+        rc=result.rc,
+        hosts=progress.hosts,
+        failures=progress.failures,
+        artifacts=progress.artifacts,
     )
 
 

@@ -446,3 +446,30 @@ def test_a_check_run_that_reached_no_node_says_why_for_each(
         assert f"{host}: {reason}" in line, line
     assert "no check result" not in line
     assert not (inventory_dir / "dsconfig").exists()
+
+
+def test_results_come_from_the_runs_custom_stats_and_a_bad_line_is_named(
+    inventory_dir, monkeypatch
+):
+    """The play hands {host: the check's JSON line} over as its custom stats: a line that is
+    not JSON is that node's problem, a node with no line says the check gave none."""
+
+    def fake_run(playbook, inv, **kwargs):
+        assert "dsconfig_out_dir" not in kwargs["extravars"]
+        hosts = {h: runner.HostSummary(ok=1) for h in inv.hosts}
+        handed = {"node-a": '{"user": "ds"}', "node-b": "Traceback (most recent call last):"}
+        return runner.PlaybookResult(
+            status="successful", rc=0, hosts=hosts, failures=[],
+            artifacts={"dsconfig_results": handed},
+        )  # fmt: skip
+
+    write_facts(inventory_dir / "facts", "node-c", kind="cuda", count=2)
+    monkeypatch.setattr(runner, "run_playbook", fake_run)
+    rc, _, err = run_cli("dsconfig", "-i", str(inventory_dir), "--zero", "2")
+    assert rc == 1
+    line = err.strip().splitlines()[-1]
+    assert "2 problem(s), nothing written" in line, line
+    assert "node-b: the check did not run (unreadable check output (Expecting value" in line, line
+    assert "node-c: the check did not run (no check result)" in line, line
+    assert "node-a:" not in line, line
+    assert not (inventory_dir / "dsconfig").exists()

@@ -100,12 +100,31 @@ def test_mitogen_is_an_option_read_from_the_environment(monkeypatch):
         runner.mitogen_strategy_dir()
 
 
+def run_local(tmp_path: pathlib.Path, play: pathlib.Path, hosts: list[str], extravars: dict):
+    """A real ansible-runner run of `play` on local-connection hosts; (result, progress)."""
+    import ansible_runner  # noqa: PLC0415 - slow import
+
+    inventory = tmp_path / "hosts"
+    python = f"ansible_python_interpreter={sys.executable}"
+    inventory.write_text("".join(f"{h} ansible_connection=local {python}\n" for h in hosts))
+    progress = Progress(play.name, hosts)
+    (tmp_path / "private").mkdir()
+    result = ansible_runner.run(
+        private_data_dir=str(tmp_path / "private"),
+        playbook=str(play),
+        envvars={"PATH": f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"},
+        inventory=str(inventory),
+        extravars=extravars,
+        quiet=True,
+        event_handler=progress.handle,
+    )
+    return result, progress
+
+
 def test_a_failed_loop_names_its_first_failed_item_and_why(tmp_path: pathlib.Path):
     """A real loop that fails (a copy of a file that is not there): Ansible's own message is
     only 'One or more items failed'; the failure kept names the item and the module's
     message."""
-    import ansible_runner  # noqa: PLC0415 - slow import
-
     (tmp_path / "here.txt").write_text("x")
     (tmp_path / "out").mkdir()
     play = tmp_path / "loop.yml"
@@ -118,23 +137,38 @@ def test_a_failed_loop_names_its_first_failed_item_and_why(tmp_path: pathlib.Pat
         "      loop: [{name: here.txt}, {name: gone.txt}]\n"
         "      loop_control:\n        label: '{{ item.name }}'\n"
     )
-    hosts = tmp_path / "hosts"
-    python = f"ansible_python_interpreter={sys.executable}"
-    hosts.write_text(f"localhost ansible_connection=local {python}\n")
-    progress = Progress("loop.yml", ["localhost"])
-    (tmp_path / "private").mkdir()
-    result = ansible_runner.run(
-        private_data_dir=str(tmp_path / "private"),
-        playbook=str(play),
-        envvars={"PATH": f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"},
-        inventory=str(hosts),
-        extravars={"stage": str(tmp_path), "dest": str(tmp_path / "out")},
-        quiet=True,
-        event_handler=progress.handle,
-    )
+    extravars = {"stage": str(tmp_path), "dest": str(tmp_path / "out")}
+    result, progress = run_local(tmp_path, play, ["localhost"], extravars)
     assert result.rc != 0
     [(host, task, message)] = progress.failures
     assert (host, task) == ("localhost", "Copy the job's files")
     assert message.startswith("One or more items failed; first: gone.txt: "), message
     assert "gone.txt" in message.split("first: gone.txt: ", 1)[1], message
     assert (tmp_path / "out" / "here.txt").read_text() == "x"
+
+
+def test_custom_stats_from_every_host_reach_the_controller_as_artifacts(tmp_path: pathlib.Path):
+    """A real run: each host hands a dict over with set_stats (aggregate, not per host), a
+    failed host in an always section too; the run's artifacts hold every host's entry."""
+    play = tmp_path / "stats.yml"
+    play.write_text(
+        "- hosts: all\n  gather_facts: false\n  tasks:\n"
+        "    - block:\n"
+        "        - name: Fail on b\n"
+        "          ansible.builtin.fail:\n            msg: no\n"
+        "          when: inventory_hostname == 'b'\n"
+        "      always:\n"
+        "        - name: Hand over\n"
+        "          ansible.builtin.set_stats:\n"
+        "            data:\n"
+        "              found: \"{{ {inventory_hostname: {'n': inventory_hostname | length,"
+        " 'tag': tag}} }}\"\n"
+        "            per_host: false\n"
+        "            aggregate: true\n"
+    )
+    result, progress = run_local(tmp_path, play, ["a", "b", "cc"], {"tag": "x"})
+    assert result.rc != 0  # b failed
+    assert progress.artifacts == {
+        "found": {"a": {"n": 1, "tag": "x"}, "b": {"n": 1, "tag": "x"}, "cc": {"n": 2, "tag": "x"}}
+    }
+    assert Progress("x.yml", []).artifacts == {}  # no stats event: nothing, not an error

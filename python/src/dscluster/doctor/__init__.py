@@ -1,8 +1,9 @@
 """`dscluster doctor`: every node and every pair of nodes checked before a job starts.
 
-playbooks/doctor.yml (role `doctor`) gathers findings on the nodes and writes one JSON file
-per host on the controller; `evaluate` judges them here, as pure functions: a table of
-check x node (pass / warn / fail / skip), one line per problem naming the node and the fix.
+playbooks/doctor.yml (role `doctor`) gathers findings on the nodes and hands them to the
+controller as the play's custom stats (host -> findings); `evaluate` judges them here, as
+pure functions: a table of check x node (pass / warn / fail / skip), one line per problem
+naming the node and the fix.
 
 Attribution for pairwise checks (SSH, ports): a target that no node reaches is the target's
 fault (sshd down, a firewall on it); a source that reaches no target is the source's; other

@@ -1,4 +1,4 @@
-"""Reading one node's findings (the JSON playbooks/doctor.yml writes per host) and blaming a
+"""Reading one node's findings (what playbooks/doctor.yml hands over per host) and blaming a
 failed pair on the right node.
 """
 

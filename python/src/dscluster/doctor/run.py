@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import pathlib
 import secrets
-import shutil
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +16,6 @@ from .. import rules, storage
 from ..errors import DsclusterError
 from ..hostfile import parse_env_file, parse_hostfile, read_degraded
 from ..inventory import DEFAULT_MASTER_PORT, Inventory
-from ..paths import cache_dir
 from ..util import atomic_write
 from ..validate import read_text
 from .evaluate import evaluate
@@ -122,36 +119,31 @@ def run_doctor(
     recorded, env = inputs["recorded"], inputs["env"]
     token = secrets.token_hex(8)
     shared = storage.inventory_paths(inv).shared
-    out_dir = pathlib.Path(tempfile.mkdtemp(prefix="doctor-", dir=cache_dir()))
-    try:
-        result = run_playbook(
-            "doctor.yml",
-            inv,
-            extravars={
-                "doctor_out_dir": str(out_dir),
-                "doctor_addresses": {
-                    h: str(f["address"]) for h, f in recorded.items() if f.get("address")
-                },
-                "doctor_ifnames": {
-                    k: v
-                    for k, v in env.items()
-                    if k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
-                },
-                "doctor_master_port": master_port,
-                "doctor_token": token,
+    result = run_playbook(
+        "doctor.yml",
+        inv,
+        extravars={
+            "doctor_addresses": {
+                h: str(f["address"]) for h, f in recorded.items() if f.get("address")
             },
-            limit=",".join(hosts) if degraded else None,
-            timeout=600,
-            console=console,
-            live=False if not console.is_terminal else None,
-        )
-        findings = {}
-        for path in out_dir.glob("*.json"):
-            data = load_json(path.read_text(errors="replace"))
-            if data is not None:
-                findings[path.stem] = data
-    finally:
-        shutil.rmtree(out_dir, ignore_errors=True)
+            "doctor_ifnames": {
+                k: v for k, v in env.items() if k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+            },
+            "doctor_master_port": master_port,
+            "doctor_token": token,
+        },
+        limit=",".join(hosts) if degraded else None,
+        timeout=600,
+        console=console,
+        live=False if not console.is_terminal else None,
+    )
+    # The role hands the findings over as the play's custom stats: {host: findings}.
+    handed = result.artifacts.get("doctor_findings")
+    findings = {
+        host: data
+        for host, data in (handed if isinstance(handed, dict) else {}).items()
+        if isinstance(data, dict)
+    }
     unreachable = {
         host: msg
         for host, task, msg in result.failures
