@@ -161,3 +161,17 @@ def test_a_host_named_like_a_group_is_refused(tmp_path):
     assert rc != 0
     assert "on Workers: The host name cannot be used" in out.replace("\\n", " ")
     assert "not be a group name (all, ungrouped, head, workers, storage, localhost)" in out
+
+
+def test_cuda_arch_list_with_an_arch_suffix_is_refused_before_any_node(tmp_path):
+    """DeepSpeed's op builder reads MAJOR.MINOR[+PTX] only: '9.0a' stopped its build on an
+    H200 (int('0a')); the play names the value, a good list passes."""
+    rc, out = validate(tmp_path, {"ml_stack_cuda_arch_list": "8.0;9.0a"})
+    assert rc != 0
+    assert "The inventory has 1 problem(s)" in out
+    [line] = [ln for ln in problems(out) if ln.startswith("[1]")]
+    assert line.startswith('[1] on h1, h2, h3: ml_stack_cuda_arch_list is "8.0;9.0a"; it must be')
+    assert "without a suffix such as 9.0a" in line
+    assert 'e.g. ml_stack_cuda_arch_list: "8.0;9.0"' in line
+    rc, out = validate(tmp_path, {"ml_stack_cuda_arch_list": "8.0 8.6;9.0+PTX"})
+    assert rc == 0, out

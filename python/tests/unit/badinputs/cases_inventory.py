@@ -128,6 +128,11 @@ _BAD: list[tuple[str, Callable[[pathlib.Path], None], str, str]] = [
     ("pycache-dir-differs",
      inventory({"ml_stack_pycache_dir": "/a"}, n2={"ml_stack_pycache_dir": "/b"}), "n2='/b'",
      "group_vars/all"),
+    # DeepSpeed's op builder stops on an arch suffix (int('0a'), seen on an H200).
+    ("cuda-arch-suffix", inventory({"ml_stack_cuda_arch_list": "8.0;9.0a"}), "'8.0;9.0a'",
+     "without a suffix such as 9.0a"),
+    ("cuda-arch-comma", inventory({"ml_stack_cuda_arch_list": "8.0,9.0"}), "'8.0,9.0'",
+     "separated by ';' or spaces"),
     ("storage-typo", inventory({"dscluster_shared_storage": "nfs4"}), "'nfs4'",
      "one of nfs, lustre, external, none"),
     ("storage-bool", inventory({"dscluster_shared_storage": True}), "true",
