@@ -21,7 +21,7 @@ from typing import NoReturn
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.utils import DistributedType, set_seed
 from transformers import GPT2Config, GPT2LMHeadModel
 
 VOCAB, SEQ, SAMPLES = 64, 32, 768
@@ -51,10 +51,16 @@ def main() -> NoReturn:
         batch_size=args.batch_size,
         shuffle=True,
     )
-    # FSDP wraps the model first; the optimizer is made from the wrapped parameters.
-    model = accelerator.prepare(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    optimizer, loader = accelerator.prepare(optimizer, loader)
+    if accelerator.distributed_type == DistributedType.DEEPSPEED:
+        # DeepSpeed makes its engine from the model, the optimizer and the loader's batch
+        # size in one prepare() (accelerate refuses a model prepared alone).
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    else:
+        # FSDP wraps the model first; the optimizer is made from the wrapped parameters.
+        model = accelerator.prepare(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        optimizer, loader = accelerator.prepare(optimizer, loader)
 
     losses: list[float] = []
     model.train()
