@@ -63,6 +63,10 @@ def deepspeed_on_cpu() -> list[str]:
 
 def main() -> int:
     defaults = ["--output_dir", "out", "--max_steps", "30", "--learning_rate", "3e-3"]
+    # One warmup step: the Trainer fills ds_config.json's "auto" warmup_num_steps with it, and
+    # DeepSpeed 0.19.6+ refuses 0 (transformers before about 5.2x filled 0 when no warmup was
+    # asked for: "warmup_num_steps must be a positive integer", seen with 5.17 on a GPU).
+    defaults += ["--warmup_steps", "1"]
     defaults += ["--per_device_train_batch_size", "4", "--logging_steps", "1"]
     defaults += ["--save_strategy", "no", "--report_to", "none", "--seed", "0"]
     defaults += deepspeed_on_cpu()
