@@ -405,8 +405,8 @@ def check_on_cluster(
             timeout=600,
         )
         results: dict[str, dict[str, Any]] = {}
-        handed = result.artifacts.get("dsconfig_results")  # {host: the check's JSON line}
-        for host, line in sorted((handed if isinstance(handed, dict) else {}).items()):
+        # {host: the check's JSON line}
+        for host, line in sorted(result.handed("dsconfig_results").items()):
             try:
                 results[host] = json.loads(line)
             except (TypeError, json.JSONDecodeError) as exc:

@@ -43,6 +43,12 @@ class PlaybookResult:
     # without a module run per host; {} when the run ended without its stats.
     artifacts: dict[str, Any] = dataclasses.field(default_factory=dict)
 
+    def handed(self, key: str) -> dict[str, Any]:
+        """What the play's hosts handed over under `key` (set_stats, aggregate: one entry per
+        host), {} when nothing or not a mapping came back."""
+        data = self.artifacts.get(key)
+        return data if isinstance(data, dict) else {}
+
     @property
     def failed_hosts(self) -> list[str]:
         return sorted({h for h, s in self.hosts.items() if s.failed or s.unreachable})

@@ -138,10 +138,9 @@ def run_doctor(
         live=False if not console.is_terminal else None,
     )
     # The role hands the findings over as the play's custom stats: {host: findings}.
-    handed = result.artifacts.get("doctor_findings")
     findings = {
         host: data
-        for host, data in (handed if isinstance(handed, dict) else {}).items()
+        for host, data in result.handed("doctor_findings").items()
         if isinstance(data, dict)
     }
     unreachable = {
