@@ -18,9 +18,13 @@ anything changes, verify.yml after); prints one JSON object with only the parts 
   own_name      {rc, stdout} of `getent hosts <hostname>`
   chrony        `systemctl is-active chrony` (its first line)
   shared_dir    {exists, isdir} of the shared directory
+  ansiballz     for the request {cache_dir, names}: site_dir (where this python3 reads .pth
+                files), stats {name: file_stat} of the names in it, cache (the cache
+                directory's file_stat) and entries (how many it holds; null without it)
 """
 
 import contextlib
+import site
 import grp
 import hashlib
 import json
@@ -99,6 +103,19 @@ def session_limits(_):
     return limits["stdout"]
 
 
+def ansiballz(want):
+    """Where the bytecode hook of Ansible's module payloads goes and what is there already."""
+    dirs = [d for d in site.getsitepackages() if os.path.isdir(d)]
+    site_dir = dirs[0] if dirs else None
+    cache = file_stat(want["cache_dir"])
+    return {
+        "site_dir": site_dir,
+        "stats": {n: site_dir and file_stat(os.path.join(site_dir, n)) for n in want["names"]},
+        "cache": cache,
+        "entries": len(os.listdir(want["cache_dir"])) if cache and cache.get("isdir") else None,
+    }
+
+
 def chrony(_):
     state = run(["systemctl", "is-active", "chrony"])["stdout"].strip().splitlines()
     return state[0] if state else ""
@@ -114,6 +131,7 @@ READERS = {
     "stats": lambda paths: {path: file_stat(path) for path in paths},
     "limits_file": read,
     "own_name": lambda name: run(["getent", "hosts", name]),
+    "ansiballz": ansiballz,
     "shared_dir": lambda path: {"exists": os.path.lexists(path), "isdir": os.path.isdir(path)},
 }
 # parts read only when the request's value is true
