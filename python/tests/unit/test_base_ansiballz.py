@@ -55,7 +55,9 @@ def site_dir(tmp_path: pathlib.Path) -> pathlib.Path:
     return site
 
 
-def payload(tmp_path: pathlib.Path, run: str, name: str = "ansible_probe_payload.zip") -> pathlib.Path:
+def payload(
+    tmp_path: pathlib.Path, run: str, name: str = "ansible_probe_payload.zip"
+) -> pathlib.Path:
     """A payload zip in its own temporary directory, as each Ansible module run has."""
     where = tmp_path / f"ansible_probe_payload_{run}"
     where.mkdir()
@@ -173,7 +175,11 @@ def test_another_user_reads_roots_entries_and_writes_none(open_tmp):
     (site / "dscluster_ansiballz.pth").write_text("import dscluster_ansiballz\n")
     cache = cache_dir(open_tmp)
     run(site, payload(open_tmp, "1"), cache)  # root fills it
-    plant(cache, "ansible/module_utils/probe.py", "VALUE = 'roots'\ndef fail():\n    raise RuntimeError\n")
+    plant(
+        cache,
+        "ansible/module_utils/probe.py",
+        "VALUE = 'roots'\ndef fail():\n    raise RuntimeError\n",
+    )
     os.remove(entry(cache, "ansible/__init__.py"))  # a miss for the other user
     zipped = payload(open_tmp, "2")
     zipped.parent.chmod(0o755)

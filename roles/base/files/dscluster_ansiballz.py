@@ -33,8 +33,10 @@ _compile = getattr(zipimport, "_compile_source", None)
 def _payload(pathname):
     """Is pathname a source inside an Ansible module payload (…/ansible_<m>_payload.zip/…)?"""
     archive = pathname.split(".zip" + os.sep, 1)[0]
-    return archive != pathname and os.path.basename(archive).startswith("ansible_") and (
-        archive.endswith("_payload")
+    return (
+        archive != pathname
+        and os.path.basename(archive).startswith("ansible_")
+        and (archive.endswith("_payload"))
     )
 
 
@@ -45,16 +47,18 @@ def _trusted(st, uid):
 
 def _renamed(code, name):
     """The code object and every one nested in it, with co_filename set to name."""
-    import types
+    import types  # noqa: PLC0415 - imported by every python3 start: only when used
 
-    consts = tuple(_renamed(c, name) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    consts = tuple(
+        _renamed(c, name) if isinstance(c, types.CodeType) else c for c in code.co_consts
+    )
     return code.replace(co_filename=name, co_consts=consts)
 
 
 def _cached(pathname, source):
-    import hashlib
-    import importlib.util
-    import marshal
+    import hashlib  # noqa: PLC0415 - likewise
+    import importlib.util  # noqa: PLC0415
+    import marshal  # noqa: PLC0415
 
     uid = os.geteuid()
     magic = importlib.util.MAGIC_NUMBER
@@ -92,7 +96,7 @@ def _compile_source(pathname, source):
     if _payload(pathname):
         try:
             code = _cached(pathname, source)
-        except Exception:  # noqa: BLE001 - any trouble: compile as Python would
+        except Exception:  # any trouble: compile as Python would
             code = None
         if code is not None:
             return code

@@ -24,12 +24,12 @@ anything changes, verify.yml after); prints one JSON object with only the parts 
 """
 
 import contextlib
-import site
 import grp
 import hashlib
 import json
 import os
 import pwd
+import site
 import stat
 import subprocess
 import sys
