@@ -62,7 +62,8 @@ def _cached(pathname, source):
 
     uid = os.geteuid()
     magic = importlib.util.MAGIC_NUMBER
-    if not _trusted(os.stat(CACHE_DIR), uid):
+    dir_st = os.stat(CACHE_DIR)
+    if not _trusted(dir_st, uid):
         return None
     entry = os.path.join(CACHE_DIR, hashlib.sha256(magic + source).hexdigest())
     try:
@@ -78,7 +79,6 @@ def _cached(pathname, source):
     # A miss: compile under a fixed name (the payload's path differs every run), keep it
     # where only its owner may write it, hand back the code under the real name.
     code = _compile("<ansiballz>", source)
-    dir_st = os.stat(CACHE_DIR)
     if dir_st.st_uid == uid and len(os.listdir(CACHE_DIR)) < MAX_ENTRIES:
         tmp = f"{entry}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
