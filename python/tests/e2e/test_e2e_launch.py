@@ -9,6 +9,7 @@ import json
 import pathlib
 import re
 import textwrap
+import time
 
 import pytest
 
@@ -44,6 +45,7 @@ def ranks_reported(stdout: str) -> list[dict]:
 # With test_e2e's deepspeed-launcher ZeRO-2 run, the launchers also cover the other stages.
 @pytest.mark.parametrize(("launcher", "zero"), [("torchrun", 3), ("mpi", 1)])
 def test_smoke_with_launcher_across_every_slot(cluster: pathlib.Path, launcher: str, zero: int):
+    started = time.monotonic()
     proc = dsc(
         "smoke", "-i", str(cluster), "--launcher", launcher, "--master-port", PORT, "--no-doctor",
         "--zero", str(zero), "--steps", "10", timeout=600,
@@ -58,10 +60,10 @@ def test_smoke_with_launcher_across_every_slot(cluster: pathlib.Path, launcher: 
     assert {r["host"] for r in report["ranks"]} == set(HOSTS)
     assert all(r["last_loss"] < r["first_loss"] for r in report["ranks"])
     assert len({r["checksum"] for r in report["ranks"]}) == 1
-    # the launch time reached every rank through this launcher
-    assert all(
-        r["first_step_s"] is not None and 0 < r["first_step_s"] < 60 for r in report["ranks"]
-    )
+    # the launch time reached every rank through this launcher: each first step falls
+    # between this command's start and its end
+    elapsed = time.monotonic() - started
+    assert all(0 < (r["first_step_s"] or 0) < elapsed for r in report["ranks"]), report["ranks"]
 
 
 @pytest.mark.parametrize("launcher", ["deepspeed", "torchrun", "mpi"])

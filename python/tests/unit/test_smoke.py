@@ -143,6 +143,25 @@ def test_node_leaders_first_rank_per_host():
     assert smoke_job.node_leaders(["a"]) == (["a"], [0])
 
 
+def test_faster_pass_keeps_each_directions_best_and_what_either_measured():
+    first = [[None, 2.1, 0.4], [2.0, None, None], [1.9, 1.0, None]]
+    second = [[None, 1.2, 2.2], [2.3, None, 0.9], [None, 0.8, None]]
+    assert smoke_job.faster_pass(first, second) == [
+        [None, 2.1, 2.2], [2.3, None, 0.9], [1.9, 1.0, None]
+    ]  # fmt: skip
+    # A link slowed for one pass is healthy; slow in both, it stays slow (a straggler).
+    hosts = ["a", "b", "c", "d"]
+    busy = [[None, 2.0, 2.0, 2.0], [2.0, None, 0.5, 2.0], [2.0, 0.5, None, 2.0],
+            [2.0, 2.0, 2.0, None]]  # fmt: skip
+    calm = [[None, 2.0, 2.0, 2.0], [2.0, None, 2.1, 2.0], [2.0, 2.1, None, 2.0],
+            [2.0, 2.0, 2.0, None]]  # fmt: skip
+    assert [s.nodes for s in find_stragglers(hosts, busy, {})] == [("b", "c")]
+    assert find_stragglers(hosts, smoke_job.faster_pass(busy, calm), {}) == []
+    assert [s.nodes for s in find_stragglers(hosts, smoke_job.faster_pass(busy, busy), {})] == [
+        ("b", "c")
+    ]
+
+
 # --- stragglers -----------------------------------------------------------------------------
 
 

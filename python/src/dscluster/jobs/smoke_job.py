@@ -314,7 +314,8 @@ def p2p_bench(
     Returns {"i,j": GB/s from node i to node j} for the pairs this rank sent on. Each timed
     message is acknowledged by a one-element reply, so the time is the sender's until the
     receiver has it all; the best of `iters` is kept (a slow link is slow every time,
-    a busy moment of a shared machine is not).
+    a busy moment of a shared machine is not). main() runs it twice, before and after the
+    training configurations, and keeps each direction's faster pass (faster_pass).
     """
     rank = dist.get_rank()
     payload = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
@@ -347,6 +348,23 @@ def p2p_bench(
             one_way(b, a, f"{j},{i}")
             dist.barrier()
     return mine
+
+
+def faster_pass(
+    first: list[list[float | None]], second: list[list[float | None]]
+) -> list[list[float | None]]:
+    """Each direction's faster of two passes (GB/s, None where a pass did not measure it).
+
+    The passes are minutes apart (the training configurations run between them): a link
+    slowed for a while by other work on a shared host is fast in one of them, a slow link
+    (a bad cable, a rate limit, the wrong NIC) is slow in both."""
+    return [
+        [
+            max((v for v in (a, b) if v is not None), default=None)
+            for a, b in zip(ra, rb, strict=True)
+        ]
+        for ra, rb in zip(first, second, strict=True)
+    ]
 
 
 def run_config(torch, deepspeed, accel, *, entry: dict, args, rank: int) -> dict:
@@ -501,22 +519,27 @@ def main(argv: list[str] | None = None) -> int:
     hosts, leaders = node_leaders(hosts_by_rank)
     aio = {e["host"]: e["aio"] for e in everyone if e and "aio" in e} or None
 
-    p2p_mine = p2p_bench(
-        torch,
-        dist,
-        device=device,
-        sync=accel.synchronize,
-        leaders=leaders,
-        nbytes=int(args.p2p_mb * (1 << 20)),
-        iters=args.p2p_iters,
-    )
-    p2p_all: list[dict | None] = [None] * world
-    dist.all_gather_object(p2p_all, p2p_mine)
-    matrix: list[list[float | None]] = [[None] * len(hosts) for _ in hosts]
-    for part in p2p_all:
-        for key, gbps in (part or {}).items():
-            i, j = (int(k) for k in key.split(","))
-            matrix[i][j] = gbps
+    def p2p_pass() -> list[list[float | None]]:
+        """Every rank's share of one p2p_bench pass, gathered into the node x node matrix."""
+        mine = p2p_bench(
+            torch,
+            dist,
+            device=device,
+            sync=accel.synchronize,
+            leaders=leaders,
+            nbytes=int(args.p2p_mb * (1 << 20)),
+            iters=args.p2p_iters,
+        )
+        parts: list[dict | None] = [None] * world
+        dist.all_gather_object(parts, mine)
+        gbps: list[list[float | None]] = [[None] * len(hosts) for _ in hosts]
+        for part in parts:
+            for key, value in (part or {}).items():
+                i, j = (int(k) for k in key.split(","))
+                gbps[i][j] = value
+        return gbps
+
+    matrix = p2p_pass()
 
     report = {
         "ok": False,
@@ -538,6 +561,7 @@ def main(argv: list[str] | None = None) -> int:
             "ranks": leaders,
             "bytes": int(args.p2p_mb * (1 << 20)) // 4 * 4,
             "iters": args.p2p_iters,
+            "passes": 1,
             "gbps": matrix,
         },
     }
@@ -594,6 +618,9 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             write_report(args.report, report)
 
+    # The second bandwidth pass, after the configurations: each direction keeps its faster.
+    matrix = faster_pass(matrix, p2p_pass())
+    report["p2p"].update(passes=2, gbps=matrix)
     report["allreduce"] = allreduce_bench(
         torch,
         dist,

@@ -76,7 +76,10 @@ def link_table(report: dict[str, Any]) -> Table:
     hosts = p2p.get("hosts", [])
     size = p2p.get("bytes", 0) / (1 << 20)
     table = Table(
-        title=f"point-to-point GB/s (row -> column, {size:g} MiB, best of {p2p.get('iters', '?')})",
+        title=(
+            f"point-to-point GB/s (row -> column, {size:g} MiB, best of {p2p.get('iters', '?')}"
+            f" x {p2p.get('passes', 1)} passes)"
+        ),
         title_justify="left",
     )
     table.add_column("from \\ to", justify="left")
