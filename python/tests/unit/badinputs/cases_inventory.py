@@ -154,6 +154,8 @@ _BAD: list[tuple[str, Callable[[pathlib.Path], None], str, str]] = [
     ("nccl-ifname-space", inventory({"dscluster_nccl_socket_ifname": "eth 0"}), "'eth 0'",
      "dscluster_nccl_socket_ifname: eth0"),
     ("slurm-yes-string", inventory({"dscluster_slurm": "yes"}), "'yes'", "true or false"),
+    ("ansiballz-cache-typo", inventory(n2={"base_ansiballz_cache": "flase"}), "'flase'",
+     "base_ansiballz_cache: false"),
     ("cluster-name-slash", inventory({"dscluster_cluster_name": "a/b"}), "'a/b'",
      "dscluster_cluster_name: demo"),
     ("cluster-wide-differs",
