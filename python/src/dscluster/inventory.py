@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from . import rules
+from . import inventory_cache, rules
 from .errors import DsclusterError
 from .sources import names
 from .util import atomic_write, run, tool
@@ -250,14 +250,20 @@ def load(source: str | pathlib.Path) -> Inventory:
     if path.suffix in (".yml", ".yaml"):
         _check_yaml_inventory(path)
     _check_var_files(path.parent)
-    proc = run([tool("ansible-inventory"), "-i", str(path), "--list"], check=False, timeout=120)
-    if proc.returncode != 0:
-        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-        raise DsclusterError(
-            f"ansible-inventory cannot read {path}: {lines[-1] if lines else 'no output'}"
-        )
+    program = tool("ansible-inventory")
+    cache_key = inventory_cache.key(path, program)
+    text = inventory_cache.lookup(cache_key) if cache_key else None
+    fresh = text is None
+    if text is None:
+        proc = run([program, "-i", str(path), "--list"], check=False, timeout=120)
+        if proc.returncode != 0:
+            lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+            raise DsclusterError(
+                f"ansible-inventory cannot read {path}: {lines[-1] if lines else 'no output'}"
+            )
+        text = proc.stdout
     try:
-        data = json.loads(proc.stdout)
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DsclusterError(f"ansible-inventory gave no JSON for {path}: {exc}") from exc
     groups = {name: _collect(data, name, set()) for name in data if name != "_meta"}
@@ -268,6 +274,8 @@ def load(source: str | pathlib.Path) -> Inventory:
         raise DsclusterError(f"inventory {path} has no hosts; add hosts under 'head' and 'workers'")
     inv = Inventory(source=path.resolve(), groups=groups, hostvars=hostvars)
     rules.check_inventory(inv)
+    if cache_key and fresh:
+        inventory_cache.remember(cache_key, text)  # written once the command has succeeded
     return inv
 
 

@@ -151,12 +151,17 @@ def inventory_dir(name: str) -> pathlib.Path:
     return home() / "inventories" / name
 
 
-def cache_dir() -> pathlib.Path:
-    """Per-user cache outside any clone: keys, known_hosts, wheelhouse, run dirs."""
+def cache_root() -> pathlib.Path:
+    """Where the per-user cache is, made or not (cache_dir() makes it)."""
     base = os.environ.get("DSCLUSTER_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dscluster"
     )
-    path = pathlib.Path(base)
+    return pathlib.Path(base)
+
+
+def cache_dir() -> pathlib.Path:
+    """Per-user cache outside any clone: keys, known_hosts, wheelhouse, run dirs."""
+    path = cache_root()
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
-from .. import __version__, runner
+from .. import __version__, inventory_cache, runner
 from ..errors import DsclusterError, bug_report, debug, one_line, print_error
 from . import aws, doctor, dsconfig, flags, inventory, launch, local, provision, sbatch, smoke
 
@@ -85,7 +85,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     failure the message explains, 3 on a bug (its traceback saved in a file), 130 on ^C."""
     words = list(sys.argv[1:] if argv is None else argv)
     try:
-        return _main(words)
+        rc = _main(words)
+        if rc == 0:
+            # The inventory readings of a command that succeeded (never a refused one's).
+            inventory_cache.flush()
+        return rc
     except DsclusterError as exc:
         print_error(str(exc))
         return 1
