@@ -37,6 +37,11 @@ def failed(report: dict) -> set[tuple[str, str]]:
     return {(f["host"], f["check"]) for f in report["failures"]}
 
 
+def said(report: dict) -> str:
+    """Every failure as doctor said it: the message of an assertion on failed()."""
+    return "\n".join(f"{f['host']} {f['check']}: {f['detail']}" for f in report["failures"])
+
+
 def detail(report: dict, host: str, check: str) -> str:
     return "; ".join(report["checks"][check][host]["details"])
 
@@ -92,7 +97,7 @@ def test_round_1_known_hosts_other_deepspeed_shm_libaio(cluster: pathlib.Path):
             (N3, "versions"),
             (N3, "shm"),
             (HEAD, "libaio"),
-        }
+        }, said(report)
         assert "Host key verification failed" in detail(report, N2, "ssh")
         assert f"{N2} → {N3}" in detail(report, N2, "ssh")
         assert f"deepspeed 0.19.7 here, 0.19.8 on {HEAD}, {N2}" in detail(report, N3, "versions")
@@ -130,7 +135,7 @@ def test_round_2_rendezvous_port_ephemeral_ports_ifname_memlock(cluster: pathlib
             (N3, "ports"),
             (N2, "ifname"),
             (N3, "memlock"),
-        }
+        }, said(report)
         assert f"no node reaches {HEAD}:29500" in detail(report, HEAD, "rendezvous")
         assert f"no node reaches {N3}'s ephemeral ports" in detail(report, N3, "ports")
         assert "NCCL_SOCKET_IFNAME=ib9 matches no interface" in detail(report, N2, "ifname")
@@ -154,7 +159,9 @@ def test_round_3_stale_hosts_entry_pdsh_missing_hostfile_slots(cluster: pathlib.
         rc, report, _ = run_doctor(cluster)
         assert rc == 1
         # n2 cannot log in to n3 either (ssh goes to the stale address): the same node
-        assert failed(report) == {(N2, "resolve"), (N2, "ssh"), (HEAD, "pdsh"), (N3, "slots")}
+        assert failed(report) == {(N2, "resolve"), (N2, "ssh"), (HEAD, "pdsh"), (N3, "slots")}, (
+            said(report)
+        )
         assert f"resolves {N3} to 10.255.255.1" in detail(report, N2, "resolve")
         assert "pdsh is not installed on the head" in detail(report, HEAD, "pdsh")
         assert "slots=2" in detail(report, N3, "slots")
@@ -171,6 +178,6 @@ def test_stopped_node_fails_reach_only_and_doctor_ends_bounded(cluster: pathlib.
     finally:
         docker("start", container(N3))
     assert rc == 1
-    assert failed(report) == {(N3, "reach")}
+    assert failed(report) == {(N3, "reach")}, said(report)
     assert report["checks"]["ssh"][N3]["status"] == "skip"
     assert took < 180, f"doctor took {took:.0f} s with a node down"
