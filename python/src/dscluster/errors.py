@@ -53,12 +53,10 @@ def debug() -> bool:
 def bug_report(exc: BaseException, argv: Sequence[str]) -> pathlib.Path | None:
     """Write the traceback of an unexpected exception to a file; its path, or None."""
     from . import __version__  # noqa: PLC0415
+    from .paths import cache_root  # noqa: PLC0415 - paths imports this module
 
-    base = os.environ.get("DSCLUSTER_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dscluster"
-    )
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
-    path = pathlib.Path(base) / "bug-reports" / f"{stamp}-{os.getpid()}.txt"
+    path = cache_root() / "bug-reports" / f"{stamp}-{os.getpid()}.txt"
     text = (
         f"dscluster {__version__}, Python {platform.python_version()} on {platform.platform()}\n"
         f"argv: {list(argv)!r}\n\n"

@@ -252,9 +252,9 @@ def load(source: str | pathlib.Path) -> Inventory:
     _check_var_files(path.parent)
     program = tool("ansible-inventory")
     cache_key = inventory_cache.key(path, program)
-    text = inventory_cache.lookup(cache_key) if cache_key else None
-    fresh = text is None
-    if text is None:
+    data = inventory_cache.lookup(cache_key) if cache_key else None
+    text = None  # ansible-inventory's output when it ran here (a miss)
+    if data is None:
         proc = run([program, "-i", str(path), "--list"], check=False, timeout=120)
         if proc.returncode != 0:
             lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
@@ -262,10 +262,10 @@ def load(source: str | pathlib.Path) -> Inventory:
                 f"ansible-inventory cannot read {path}: {lines[-1] if lines else 'no output'}"
             )
         text = proc.stdout
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DsclusterError(f"ansible-inventory gave no JSON for {path}: {exc}") from exc
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DsclusterError(f"ansible-inventory gave no JSON for {path}: {exc}") from exc
     groups = {name: _collect(data, name, set()) for name in data if name != "_meta"}
     hostvars = data.get("_meta", {}).get("hostvars", {})
     for host in groups.get("all", []):
@@ -274,7 +274,7 @@ def load(source: str | pathlib.Path) -> Inventory:
         raise DsclusterError(f"inventory {path} has no hosts; add hosts under 'head' and 'workers'")
     inv = Inventory(source=path.resolve(), groups=groups, hostvars=hostvars)
     rules.check_inventory(inv)
-    if cache_key and fresh:
+    if cache_key and text is not None:
         inventory_cache.remember(cache_key, text)  # written once the command has succeeded
     return inv
 

@@ -29,6 +29,7 @@ import json
 import os
 import pathlib
 import re
+from typing import Any
 
 from . import paths
 
@@ -101,22 +102,23 @@ def _directory() -> pathlib.Path:
     return paths.cache_root() / "inventory"
 
 
-def lookup(cache_key: str) -> str | None:
-    """ansible-inventory's JSON text kept under `cache_key`, or None (a miss)."""
-    if cache_key in _seen:
-        return _seen[cache_key]
+def lookup(cache_key: str) -> Any:
+    """ansible-inventory's answer kept under `cache_key`, parsed afresh (the caller may change
+    it), or None (a miss: no entry, not the user's own, not JSON)."""
+    text = _seen.get(cache_key)
     try:
-        entry = _directory() / f"{cache_key}.json"
-        with entry.open("rb") as fh:
-            st = os.fstat(fh.fileno())
-            if st.st_uid != os.getuid() or st.st_mode & 0o077:
-                return None
-            text = fh.read().decode()
-        json.loads(text)
+        if text is None:
+            entry = _directory() / f"{cache_key}.json"
+            with entry.open("rb") as fh:
+                st = os.fstat(fh.fileno())
+                if st.st_uid != os.getuid() or st.st_mode & 0o077:
+                    return None
+                text = fh.read().decode()
+        data = json.loads(text)
     except (OSError, ValueError):
         return None
     _seen[cache_key] = text
-    return text
+    return data
 
 
 def remember(cache_key: str, text: str) -> None:
