@@ -79,7 +79,16 @@ def test_zero_matrix_with_cpu_offload_in_one_launch(cluster: pathlib.Path):
         for j in range(NODES):
             assert (p2p["gbps"][i][j] is None) == (i == j)
             assert i == j or p2p["gbps"][i][j] > 0.1, p2p["gbps"]
-    assert report["stragglers"] == [], report["stragglers"]
+    # What looked slow after both passes was measured again, longer, and kept its faster figure
+    # (a busy moment of a shared host is not a straggler; the tc test below is one).
+    if p2p["rechecked"]:  # every direction, the suspects and the rest alike
+        assert len(p2p["rechecked"]) == NODES * (NODES - 1), p2p
+        assert any(again["suspect"] for again in p2p["rechecked"]), p2p
+    for again in p2p["rechecked"]:
+        i, j = HOSTS.index(again["from"]), HOSTS.index(again["to"])
+        assert again["iters"] >= p2p["iters"], again
+        assert p2p["gbps"][i][j] == max(again["before_gbps"], again["again_gbps"]), again
+    assert report["stragglers"] == [], (report["stragglers"], p2p)
     # The tables show every configuration and link; the picture renders.
     assert "zero3+cpu" in proc.stdout and "point-to-point GB/s" in proc.stdout
     assert f"smoke test passed: {NODES} ranks" in proc.stdout
@@ -154,6 +163,14 @@ def test_slow_link_is_flagged_as_a_straggler_naming_the_node(cluster: pathlib.Pa
     gbps = report["p2p"]["gbps"]
     # 200 Mbit/s = 0.025 GB/s out of the slowed node; the other links stay far above it
     assert all(gbps[i][j] < 0.03 for j in range(NODES) if j != i), gbps
+    # ... slow when measured again too: the node's own directions are the suspects, measured
+    # again with the minimum count (every message is slow), each still below the limit.
+    again = {(r["from"], r["to"]): r for r in report["p2p"]["rechecked"]}
+    for host in HOSTS:
+        if host != slow:
+            r = again[(slow, host)]
+            assert r["suspect"] and r["iters"] == report["p2p"]["iters"], r
+            assert r["again_gbps"] < 0.03, r
     assert gbps[0][1] > 4 * 0.025 and gbps[1][0] > 4 * 0.025, gbps
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: straggler")]
     assert warnings == [f"warning: {stragglers[0]['message']}"], proc.stderr[-2000:]

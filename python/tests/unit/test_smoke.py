@@ -80,6 +80,8 @@ def test_job_accepts_what_run_smoke_passes():
     )
     assert args.zero == [1, 2, 3] and args.offload == "nvme" and args.nvme_dir == "/tmp/x"
     assert smoke_job.parse_args(["--zero", "2", "--report", "r"]).zero == [2]  # sbatch's use
+    assert smoke_job.parse_args(["--report", "r"]).straggler_factor == 2.0
+    assert smoke_job.parse_args(["--report", "r", "--straggler-factor", "3"]).straggler_factor == 3
     with pytest.raises(SystemExit):
         smoke_job.parse_args(["--zero", "4", "--report", "r"])
 
@@ -160,6 +162,51 @@ def test_faster_pass_keeps_each_directions_best_and_what_either_measured():
     assert [s.nodes for s in find_stragglers(hosts, smoke_job.faster_pass(busy, busy), {})] == [
         ("b", "c")
     ]
+
+
+def test_recheck_plan_measures_everything_again_once_something_looks_slow():
+    mib8 = 8 << 20
+
+    def plan(gbps, factor=2):
+        return smoke_job.recheck_plan(gbps, factor=factor, nbytes=mib8, iters=5)
+
+    hosts = ["a", "b", "c"]
+    healthy = [[None, 2.0, 2.1], [1.9, None, 2.2], [2.0, 1.8, None]]
+    assert smoke_job.suspects(healthy, 2) == [] and plan(healthy) == []
+    # One direction caught by a busy moment in both passes: every direction measured again,
+    # each for ~1 s at the speed it showed (0.84 GB/s x 1 s / 8 MiB = 101 messages).
+    busy = [[None, 0.84, 2.1], [1.9, None, 2.2], [2.0, 1.8, None]]
+    assert smoke_job.suspects(busy, 2) == [(0, 1)]
+    assert plan(busy) == [(0, 1, 101), (0, 2, 251), (1, 0, 227), (1, 2, 263), (2, 0, 239),
+                          (2, 1, 215)]  # fmt: skip
+    # Exactly at the fastest / factor is not suspect (as find_stragglers' boundary).
+    edge = [[None, 1.1, 2.1], [1.9, None, 2.2], [2.0, 1.8, None]]
+    assert smoke_job.suspects(edge, 2) == [] and plan(edge) == []
+    # A node behind a 200 Mbit/s limit: its own directions are the suspects, at `iters`
+    # messages (every one is slow: 8 MiB at 0.025 GB/s is 0.34 s); a bigger factor lets it be.
+    tc = [[None, 2.0, 2.1], [1.9, None, 2.2], [0.025, 0.024, None]]
+    assert smoke_job.suspects(tc, 2) == [(2, 0), (2, 1)]
+    assert [(i, j, n) for i, j, n in plan(tc) if i == 2] == [(2, 0, 5), (2, 1, 5)]
+    assert plan(tc, factor=100) == []
+    # Whatever the straggler rules can name has a suspect: a node slow both ways (the median
+    # direction slow too) has every one of its directions below the fastest / factor.
+    both = [[None, 2.0, 0.4], [2.0, None, 0.4], [0.4, 0.4, None]]
+    assert [s.nodes for s in find_stragglers(hosts, both, {})] == [("c",)]
+    assert set(smoke_job.suspects(both, 2)) == {(0, 2), (1, 2), (2, 0), (2, 1)}
+    # Many directions share the budget (10 s): 72 of them get 10/72 s each, never below iters.
+    n = 9
+    wide = [[None if i == j else (4.0 if (i, j) == (0, 1) else 1.0) for j in range(n)]
+            for i in range(n)]  # fmt: skip
+    counts = {(i, j): c for i, j, c in plan(wide)}
+    assert len(counts) == n * (n - 1)
+    assert counts[(0, 1)] == 67 and set(counts.values()) == {67, 17}  # 10/72 s x 4 and 1 GB/s
+    tiny = [[None if i == j else (0.05 if (i, j) == (0, 1) else 0.2) for j in range(n)]
+            for i in range(n)]  # fmt: skip
+    assert {c for _, _, c in plan(tiny)} == {5}
+    # At most RECHECK_MAX_ITERS messages however fast the direction looked.
+    fast = [[None, 50.0, 50.0], [50.0, None, 1.0], [50.0, 50.0, None]]
+    assert plan(fast)[0] == (0, 1, smoke_job.RECHECK_MAX_ITERS) and (1, 2, 120) in plan(fast)
+    assert plan([[None]]) == [] and smoke_job.suspects([[None]], 2) == []
 
 
 # --- stragglers -----------------------------------------------------------------------------

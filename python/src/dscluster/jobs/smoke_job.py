@@ -7,6 +7,8 @@ node GB/s matrix. Then, for each configuration of the matrix (--zero stages, eac
 offload and with --offload where DeepSpeed allows it), each rank trains the same small model
 with a fresh DeepSpeed engine on its own data and the ranks exchange what they saw. Rank 0
 writes the report (after every configuration, so a later crash keeps the earlier results).
+After them a second bandwidth pass (each direction keeps its faster); if a direction still
+looks slow, every direction is measured again, for longer, before the report can name one.
 Every rank exits 0 only if, in every configuration that ran, the loss fell on every rank and
 the parameter checksums agree across ranks. The communication backend is DeepSpeed's choice
 for the accelerator (gloo on CPU, NCCL on CUDA, HCCL on Gaudi). A collective that hangs ends at
@@ -23,6 +25,7 @@ import datetime as dt
 import gc
 import hashlib
 import json
+import math
 import os
 import shutil
 import socket
@@ -73,6 +76,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--allreduce-iters", type=int, default=5)
     parser.add_argument("--p2p-mb", type=float, default=8.0, help="point-to-point message MiB")
     parser.add_argument("--p2p-iters", type=int, default=5, help="timed messages per direction")
+    parser.add_argument(
+        "--straggler-factor",
+        type=float,
+        default=2.0,
+        help="a direction below the fastest / this has every direction measured again, longer",
+    )
     parser.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", "0")))
     return parser.parse_args(argv)
 
@@ -307,7 +316,15 @@ def allreduce_bench(torch, dist, *, device, sync, sizes_mb: list[float], iters: 
 
 
 def p2p_bench(
-    torch, dist, *, device, sync, leaders: list[int], nbytes: int, iters: int
+    torch,
+    dist,
+    *,
+    device,
+    sync,
+    leaders: list[int],
+    nbytes: int,
+    iters: int,
+    directions: list[tuple[int, int, int]] | None = None,
 ) -> dict[str, float]:
     """Node x node point-to-point bandwidth, one pair at a time, both directions.
 
@@ -315,14 +332,16 @@ def p2p_bench(
     message is acknowledged by a one-element reply, so the time is the sender's until the
     receiver has it all; the best of `iters` is kept (a slow link is slow every time,
     a busy moment of a shared machine is not). main() runs it twice, before and after the
-    training configurations, and keeps each direction's faster pass (faster_pass).
+    training configurations, and keeps each direction's faster pass (faster_pass); then
+    measures every direction again, for longer, if one still looks slow (recheck_plan),
+    given here as `directions`: (node i, node j, timed messages), one direction at a time.
     """
     rank = dist.get_rank()
     payload = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
     ack = torch.zeros(1, dtype=torch.float32, device=device)
     mine: dict[str, float] = {}
 
-    def one_way(src: int, dst: int, key: str) -> None:
+    def one_way(src: int, dst: int, key: str, iters: int = iters) -> None:
         if rank == src:
             dist.send(payload, dst)  # warm-up: the pair's connection is made here
             dist.recv(ack, dst)
@@ -341,6 +360,11 @@ def p2p_bench(
                 dist.send(ack, src)
             sync()
 
+    if directions is not None:
+        for i, j, count in directions:
+            one_way(leaders[i], leaders[j], f"{i},{j}", count)
+            dist.barrier()
+        return mine
     for i, a in enumerate(leaders):
         for j in range(i + 1, len(leaders)):
             b = leaders[j]
@@ -348,6 +372,55 @@ def p2p_bench(
             one_way(b, a, f"{j},{i}")
             dist.barrier()
     return mine
+
+
+RECHECK_WINDOW_S = 1.0  # how long each direction is measured again, at most
+RECHECK_BUDGET_S = 10.0  # ... and all of them together, however many
+RECHECK_MAX_ITERS = 1024
+
+
+def measured(gbps: list[list[float | None]]) -> list[tuple[int, int, float]]:
+    """Every measured direction of a node x node matrix: (i, j, GB/s from node i to node j)."""
+    return [(i, j, v) for i, row in enumerate(gbps) for j, v in enumerate(row) if i != j and v]
+
+
+def suspects(gbps: list[list[float | None]], factor: float) -> list[tuple[int, int]]:
+    """The directions below the fastest / factor. Whatever dscluster's straggler rules can
+    name has such a direction (a slow link's slower one, a slow node's own); exactly at the
+    boundary is not one, as there."""
+    directions = measured(gbps)
+    fastest = max((v for _, _, v in directions), default=0.0)
+    return [(i, j) for i, j, v in directions if v < fastest / factor]
+
+
+def recheck_plan(
+    gbps: list[list[float | None]],
+    *,
+    factor: float,
+    nbytes: int,
+    iters: int,
+    window_s: float = RECHECK_WINDOW_S,
+    budget_s: float = RECHECK_BUDGET_S,
+) -> list[tuple[int, int, int]]:
+    """What to measure again before any direction is called slow: (i, j, timed messages).
+
+    A pass measures a direction for a few milliseconds (5 messages of 8 MiB); on a shared,
+    busy host both passes can land in moments when a rank waits for a core. Nothing to do
+    while no direction is a suspect. Otherwise every direction is measured again (the suspects
+    and the ones they are compared with, alike: the best of more messages is faster, so
+    the suspects alone would be judged against shorter measurements), each with as many
+    messages as fill the same time at the speed it showed: `window_s`, or `budget_s` shared
+    among them (at least `iters`, at most RECHECK_MAX_ITERS). A rate-limited direction is slow
+    in every message and costs `iters` of them. Every rank computes the same plan from the
+    same gathered matrix (the ranks must agree on it)."""
+    if not suspects(gbps, factor):
+        return []
+    directions = measured(gbps)
+    window = min(window_s, budget_s / len(directions))
+    return [
+        (i, j, max(iters, min(RECHECK_MAX_ITERS, math.ceil(window * v * 1e9 / nbytes))))
+        for i, j, v in directions
+    ]
 
 
 def faster_pass(
@@ -519,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
     hosts, leaders = node_leaders(hosts_by_rank)
     aio = {e["host"]: e["aio"] for e in everyone if e and "aio" in e} or None
 
-    def p2p_pass() -> list[list[float | None]]:
+    def p2p_pass(directions=None) -> list[list[float | None]]:
         """Every rank's share of one p2p_bench pass, gathered into the node x node matrix."""
         mine = p2p_bench(
             torch,
@@ -529,6 +602,7 @@ def main(argv: list[str] | None = None) -> int:
             leaders=leaders,
             nbytes=int(args.p2p_mb * (1 << 20)),
             iters=args.p2p_iters,
+            directions=directions,
         )
         parts: list[dict | None] = [None] * world
         dist.all_gather_object(parts, mine)
@@ -620,7 +694,30 @@ def main(argv: list[str] | None = None) -> int:
 
     # The second bandwidth pass, after the configurations: each direction keeps its faster.
     matrix = faster_pass(matrix, p2p_pass())
-    report["p2p"].update(passes=2, gbps=matrix)
+    # If a direction still looks slow, all are measured again, longer, before one is named.
+    plan = recheck_plan(
+        matrix,
+        factor=args.straggler_factor,
+        nbytes=int(args.p2p_mb * (1 << 20)),
+        iters=args.p2p_iters,
+    )
+    rechecked = []
+    if plan:
+        suspect = set(suspects(matrix, args.straggler_factor))
+        again = p2p_pass(plan)
+        rechecked = [
+            {
+                "from": hosts[i],
+                "to": hosts[j],
+                "suspect": (i, j) in suspect,
+                "iters": count,
+                "before_gbps": matrix[i][j],
+                "again_gbps": again[i][j],
+            }
+            for i, j, count in plan
+        ]
+        matrix = faster_pass(matrix, again)
+    report["p2p"].update(passes=2, gbps=matrix, rechecked=rechecked)
     report["allreduce"] = allreduce_bench(
         torch,
         dist,

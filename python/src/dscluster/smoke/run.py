@@ -76,6 +76,7 @@ def run_smoke(  # noqa: C901, PLR0912, PLR0913, PLR0915 - the smoke command's op
     program = ["smoke_job.py", "--zero", zero_arg, "--steps", str(steps)]
     program += ["--report", "report.json", "--dist-timeout", str(dist_timeout)]
     program += ["--launch-time", LAUNCH_TIME, "--p2p-mb", f"{p2p_mb:g}"]
+    program += ["--straggler-factor", f"{straggler_factor:g}"]
     # NVMe offload swaps to node-local scratch, one directory per run (the job removes it).
     nvme_dir = f"{paths.scratch_dir}/smoke-nvme/{run_id}"
     if ds_config is not None:

@@ -75,10 +75,13 @@ def link_table(report: dict[str, Any]) -> Table:
     p2p = report.get("p2p") or {}
     hosts = p2p.get("hosts", [])
     size = p2p.get("bytes", 0) / (1 << 20)
+    rechecked = p2p.get("rechecked") or []
+    slow = sum(1 for r in rechecked if r.get("suspect"))
+    again = f"; {slow} slow-looking: all measured again, longer" if rechecked else ""
     table = Table(
         title=(
             f"point-to-point GB/s (row -> column, {size:g} MiB, best of {p2p.get('iters', '?')}"
-            f" x {p2p.get('passes', 1)} passes)"
+            f" x {p2p.get('passes', 1)} passes{again})"
         ),
         title_justify="left",
     )
