@@ -313,6 +313,7 @@ def run_playbook(
         with display as view:
             result = ansible_runner.run(**kwargs)
         stdout = result.stdout.read() if result.stdout else ""
+        recover_lost_events(progress, pathlib.Path(result.config.artifact_dir) / "job_events")
     finally:
         if not os.environ.get("DSCLUSTER_KEEP_RUNS"):
             shutil.rmtree(private, ignore_errors=True)
@@ -339,6 +340,31 @@ def run_playbook(
         failures=progress.failures,
         artifacts=progress.artifacts,
     )
+
+
+def recover_lost_events(progress: Progress, job_events: pathlib.Path) -> int:
+    """Hand `progress` the events whose stdout marker never reached ansible-runner.
+
+    Ansible's side of ansible-runner writes each event's data to job_events/<uuid>-partial.json
+    and only a marker to its stdout; runner reads the markers through a pty and merges (then
+    deletes) the partial file. A pty can lose the output written just before the child exits
+    (ansible/ansible-runner#1330, #640): on a busy machine the last events, the play's stats
+    among them, never come, and `doctor` then saw every node as not reporting. A partial file
+    left after the run is such an event: it is handed over here, in the order it was made.
+    Returns how many were recovered."""
+    leftovers = []
+    with contextlib.suppress(OSError):
+        for path in job_events.glob("*-partial.json"):
+            try:
+                event = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if isinstance(event, dict) and event.get("event"):
+                leftovers.append(event)
+    leftovers.sort(key=lambda e: str(e.get("created", "")))
+    for event in leftovers:
+        progress.handle(event)
+    return len(leftovers)
 
 
 def _write_profile(progress: Progress) -> None:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -147,11 +148,9 @@ def test_a_failed_loop_names_its_first_failed_item_and_why(tmp_path: pathlib.Pat
     assert (tmp_path / "out" / "here.txt").read_text() == "x"
 
 
-def test_custom_stats_from_every_host_reach_the_controller_as_artifacts(tmp_path: pathlib.Path):
-    """A real run: each host hands a dict over with set_stats (aggregate, not per host), a
-    failed host in an always section too; the run's artifacts hold every host's entry."""
-    play = tmp_path / "stats.yml"
-    play.write_text(
+def stats_play(value: str) -> str:
+    """A play where b fails and every host then hands {host: value} over with set_stats."""
+    return (
         "- hosts: all\n  gather_facts: false\n  tasks:\n"
         "    - block:\n"
         "        - name: Fail on b\n"
@@ -161,14 +160,83 @@ def test_custom_stats_from_every_host_reach_the_controller_as_artifacts(tmp_path
         "        - name: Hand over\n"
         "          ansible.builtin.set_stats:\n"
         "            data:\n"
-        "              found: \"{{ {inventory_hostname: {'n': inventory_hostname | length,"
-        " 'tag': tag}} }}\"\n"
+        f'              found: "{{{{ {{inventory_hostname: {value}}} }}}}"\n'
         "            per_host: false\n"
         "            aggregate: true\n"
     )
+
+
+def test_custom_stats_from_every_host_reach_the_controller_as_artifacts(tmp_path: pathlib.Path):
+    """A real run: each host hands a dict over with set_stats (aggregate, not per host), a
+    failed host in an always section too; the run's artifacts hold every host's entry."""
+    play = tmp_path / "stats.yml"
+    play.write_text(stats_play("{'n': inventory_hostname | length, 'tag': tag}"))
     result, progress = run_local(tmp_path, play, ["a", "b", "cc"], {"tag": "x"})
     assert result.rc != 0  # b failed
     assert progress.artifacts == {
         "found": {"a": {"n": 1, "tag": "x"}, "b": {"n": 1, "tag": "x"}, "cc": {"n": 2, "tag": "x"}}
     }
     assert Progress("x.yml", []).artifacts == {}  # no stats event: nothing, not an error
+
+
+def test_events_whose_stdout_was_lost_are_recovered_from_runners_partial_files(
+    tmp_path: pathlib.Path,
+):
+    """ansible-runner learns of each event from a marker in the child's stdout, read through a
+    pty that can lose the last output before the child exits (then the stats, and the
+    findings handed over in them, never came). Here a real ansible-playbook with runner's own
+    callback writes its events and nobody reads its stdout at all: every event is left as a
+    partial file, and recover_lost_events hands them over in order, stats included."""
+    from ansible_runner.utils import get_callback_dir  # noqa: PLC0415
+
+    from dscluster.runner import recover_lost_events  # noqa: PLC0415
+
+    play = tmp_path / "stats.yml"
+    play.write_text(stats_play("inventory_hostname | length"))
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        "all:\n  hosts:\n"
+        + "".join(f"    {h}: {{ansible_connection: local}}\n" for h in ("a", "b", "cc"))
+    )
+    artifacts = tmp_path / "artifacts"
+    artifacts.mkdir()
+    env = {
+        **os.environ,
+        "ANSIBLE_STDOUT_CALLBACK": "awx_display",
+        "ANSIBLE_CALLBACK_PLUGINS": get_callback_dir(),
+        "AWX_ISOLATED_DATA_DIR": str(artifacts),
+        "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
+    }
+    bindir = pathlib.Path(sys.executable).parent
+    done = subprocess.run(
+        [str(bindir / "ansible-playbook"), "-i", str(inventory), str(play)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr  # b failed
+    progress = Progress(play.name, ["a", "b", "cc"])
+    assert recover_lost_events(progress, artifacts / "job_events") > 5
+    assert progress.artifacts == {"found": {"a": 1, "b": 1, "cc": 2}}
+    assert [(h, t) for h, t, _ in progress.failures] == [("b", "Fail on b")]
+    assert progress.task == "Hand over"  # the events came in the order they were made
+    assert {h: (s.ok, s.failed) for h, s in progress.hosts.items()} == {
+        "a": (1, 0), "b": (1, 1), "cc": (1, 0)
+    }  # fmt: skip
+    # Nothing there, nothing done (a run whose stdout all arrived leaves no partial file).
+    assert recover_lost_events(Progress("x.yml", []), tmp_path / "nowhere") == 0
+
+
+def test_a_run_that_lost_nothing_leaves_nothing_to_recover(tmp_path: pathlib.Path):
+    from dscluster.runner import recover_lost_events  # noqa: PLC0415
+
+    play = tmp_path / "stats.yml"
+    play.write_text(stats_play("inventory_hostname | length"))
+    result, progress = run_local(tmp_path, play, ["a", "b", "cc"], {})
+    assert progress.artifacts == {"found": {"a": 1, "b": 1, "cc": 2}}
+    events = pathlib.Path(result.config.artifact_dir) / "job_events"
+    assert recover_lost_events(progress, events) == 0
+    assert progress.artifacts == {"found": {"a": 1, "b": 1, "cc": 2}}
