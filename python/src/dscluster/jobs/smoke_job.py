@@ -592,6 +592,8 @@ def main(argv: list[str] | None = None) -> int:
     hosts, leaders = node_leaders(hosts_by_rank)
     aio = {e["host"]: e["aio"] for e in everyone if e and "aio" in e} or None
 
+    nbytes = int(args.p2p_mb * (1 << 20))  # each p2p message
+
     def p2p_pass(directions=None) -> list[list[float | None]]:
         """Every rank's share of one p2p_bench pass, gathered into the node x node matrix."""
         mine = p2p_bench(
@@ -600,7 +602,7 @@ def main(argv: list[str] | None = None) -> int:
             device=device,
             sync=accel.synchronize,
             leaders=leaders,
-            nbytes=int(args.p2p_mb * (1 << 20)),
+            nbytes=nbytes,
             iters=args.p2p_iters,
             directions=directions,
         )
@@ -633,7 +635,7 @@ def main(argv: list[str] | None = None) -> int:
         "p2p": {
             "hosts": hosts,
             "ranks": leaders,
-            "bytes": int(args.p2p_mb * (1 << 20)) // 4 * 4,
+            "bytes": nbytes // 4 * 4,
             "iters": args.p2p_iters,
             "passes": 1,
             "gbps": matrix,
@@ -698,7 +700,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = recheck_plan(
         matrix,
         factor=args.straggler_factor,
-        nbytes=int(args.p2p_mb * (1 << 20)),
+        nbytes=nbytes,
         iters=args.p2p_iters,
     )
     rechecked = []
