@@ -242,6 +242,9 @@ def ansible_env() -> dict[str, str]:
         "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cache / "cp"),
         "PATH": str(pathlib.Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
         "ANSIBLE_FORCE_COLOR": "0",
+        # ansible-runner sets this variable (adding its own), so ansible.cfg's is not read:
+        # the collection's callbacks (jinja_cache, enabled in ansible.cfg) are named here
+        "ANSIBLE_CALLBACK_PLUGINS": str(root / "plugins" / "callback"),
     }
     if config.is_file():
         env["ANSIBLE_CONFIG"] = str(config)
