@@ -185,7 +185,13 @@ class CallbackModule(CallbackBase):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # Callbacks load in the controller's main process before any worker forks.
-        if os.environ.get("DSCLUSTER_JINJA_CACHE", "1") == "0" or _INSTALLED:
+        switch = os.environ.get("DSCLUSTER_JINJA_CACHE") or "1"
+        if switch == "0" or _INSTALLED:
+            return
+        if switch != "1":  # dscluster refuses it before any run; a plain run stays as ansible is
+            self._display.warning(
+                f"DSCLUSTER_JINJA_CACHE={switch!r} is neither 1 nor 0; jinja_cache is off"
+            )
             return
         if not __version__.startswith(SUPPORTED):
             self._display.vvv(f"jinja_cache: not for ansible-core {__version__}; off")

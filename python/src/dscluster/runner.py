@@ -190,20 +190,39 @@ def _message(res: dict[str, Any]) -> str:
 MITOGEN_STRATEGY = "mitogen_linear"
 
 
+def env_switch(name: str, default: bool, fix: str) -> bool:
+    """A 0/1 switch from the environment (unset or empty: default); any other value is
+    refused, naming it and `fix`."""
+    value = os.environ.get(name, "")
+    if value == "":
+        return default
+    if value not in ("0", "1"):
+        raise DsclusterError(f"{name}={value!r} is neither 1 nor 0; {fix}")
+    return value == "1"
+
+
+def jinja_cache_on() -> bool:
+    """DSCLUSTER_JINJA_CACHE: the collection's jinja_cache callback (on unless 0) reads it in
+    ansible-playbook, where a bad value cannot be refused; dscluster refuses it first."""
+    return env_switch(
+        "DSCLUSTER_JINJA_CACHE",
+        True,
+        "set DSCLUSTER_JINJA_CACHE=0 to compile templates in every worker, or unset it",
+    )
+
+
 def mitogen_strategy_dir() -> pathlib.Path | None:
     """DSCLUSTER_MITOGEN=1: the strategy plugins of the installed mitogen; None when unset.
 
     Mitogen runs each host's modules in one persistent interpreter instead of one SSH exec
     per task (a changed=0 re-converge of 3 nodes took 70 s instead of 95 s here). It is an
     option, not the default: install it with `pip install 'dscluster[mitogen]'`."""
-    value = os.environ.get("DSCLUSTER_MITOGEN", "")
-    if value in ("", "0"):
+    if not env_switch(
+        "DSCLUSTER_MITOGEN",
+        False,
+        "set DSCLUSTER_MITOGEN=1 to run playbooks with mitogen, or unset it",
+    ):
         return None
-    if value != "1":
-        raise DsclusterError(
-            f"DSCLUSTER_MITOGEN={value!r} is neither 1 nor 0; set DSCLUSTER_MITOGEN=1 to run "
-            "playbooks with mitogen, or unset it"
-        )
     import importlib.util  # noqa: PLC0415
 
     spec = importlib.util.find_spec("ansible_mitogen")
@@ -245,6 +264,7 @@ def ansible_env() -> dict[str, str]:
         # ansible-runner sets this variable (adding its own), so ansible.cfg's is not read:
         # the collection's callbacks (jinja_cache, enabled in ansible.cfg) are named here
         "ANSIBLE_CALLBACK_PLUGINS": str(root / "plugins" / "callback"),
+        "DSCLUSTER_JINJA_CACHE": "1" if jinja_cache_on() else "0",
     }
     if config.is_file():
         env["ANSIBLE_CONFIG"] = str(config)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -158,4 +159,24 @@ def test_bad_home_is_one_line_and_writes_nothing(tmp_path: pathlib.Path, home: s
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("dscluster: error: --home"), proc.stderr
     assert "give a directory" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("DSCLUSTER_JINJA_CACHE", "off"), ("DSCLUSTER_MITOGEN", "yes")]
+)
+def test_bad_switch_is_one_line_and_writes_nothing(tmp_path: pathlib.Path, name: str, value: str):
+    proc = subprocess.run(
+        [sys.executable, "-m", "dscluster", "--home", str(tmp_path), "inventory", "static",
+         "--hosts", "a", "--name", "lab"],
+        capture_output=True, text=True, check=False, cwd=tmp_path,
+        env={**os.environ, name: value},
+    )  # fmt: skip
+    assert proc.returncode == 2, proc
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(
+        f"dscluster: error: {name}={value!r} is neither 1 nor 0; set {name}="
+    )
+    assert "or unset it" in lines[0]
     assert list(tmp_path.iterdir()) == []

@@ -151,3 +151,13 @@ def test_dscluster_jinja_cache_0_turns_it_off(tmp_path):
     assert "jinja_cache: compiled templates shared" not in proc.stdout
     assert "ok=2" in proc.stdout
     assert left == []
+
+
+def test_a_bad_switch_in_a_plain_run_warns_and_leaves_it_off(tmp_path):
+    proc, left = run_playbook(tmp_path, "yes")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "DSCLUSTER_JINJA_CACHE='yes' is neither 1 nor 0; jinja_cache is off" in (
+        proc.stdout + proc.stderr
+    )
+    assert "jinja_cache: compiled templates shared" not in proc.stdout
+    assert left == []

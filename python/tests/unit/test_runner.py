@@ -101,6 +101,21 @@ def test_mitogen_is_an_option_read_from_the_environment(monkeypatch):
         runner.mitogen_strategy_dir()
 
 
+def test_jinja_cache_is_on_unless_0_and_a_bad_value_is_refused(monkeypatch):
+    from dscluster import runner  # noqa: PLC0415
+
+    monkeypatch.delenv("DSCLUSTER_JINJA_CACHE", raising=False)
+    assert runner.jinja_cache_on() is True
+    env = runner.ansible_env()
+    assert env["DSCLUSTER_JINJA_CACHE"] == "1"
+    assert (pathlib.Path(env["ANSIBLE_CALLBACK_PLUGINS"]) / "jinja_cache.py").is_file()
+    monkeypatch.setenv("DSCLUSTER_JINJA_CACHE", "0")
+    assert runner.ansible_env()["DSCLUSTER_JINJA_CACHE"] == "0"
+    monkeypatch.setenv("DSCLUSTER_JINJA_CACHE", "false")
+    with pytest.raises(DsclusterError, match="DSCLUSTER_JINJA_CACHE='false' is neither 1 nor 0"):
+        runner.ansible_env()
+
+
 def run_local(tmp_path: pathlib.Path, play: pathlib.Path, hosts: list[str], extravars: dict):
     """A real ansible-runner run of `play` on local-connection hosts; (result, progress)."""
     import ansible_runner  # noqa: PLC0415 - slow import
