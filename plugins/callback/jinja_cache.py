@@ -9,7 +9,9 @@ callback enabled, a worker that compiles a template writes the code object into 
 made for this run (keyed by the template's text and every compile setting), and the workers
 after it load it instead of parsing and generating Python again. The directory is removed when
 the run ends; nothing is kept between runs (a filter's calling convention, read at compile
-time, could differ with another collection set).
+time, could differ with another collection set). The directory's name carries the run's pid:
+a run killed before it could remove its own (SIGKILL) leaves one behind, and the next run
+removes those whose process is gone.
 
 It patches ansible-core's private template environment, so it applies only to the versions it
 was written against (2.19); on others, or with DSCLUSTER_JINJA_CACHE=0, it does nothing.
@@ -21,6 +23,7 @@ import atexit
 import hashlib
 import marshal
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -42,6 +45,40 @@ requirements:
 
 SUPPORTED = ("2.19.",)
 _INSTALLED: dict[str, str] = {}
+PREFIX = "dscluster-jinja-"
+_OWNED = re.compile(re.escape(PREFIX) + r"(\d+)-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process, or no right to ask: not ours to judge
+        return True
+    return True
+
+
+def sweep(parent: str) -> list[str]:
+    """Remove this user's run directories in `parent` whose run's process is gone (a run
+    killed before its exit hook); returns their names."""
+    removed = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        owned = _OWNED.match(entry.name)
+        if owned is None or _alive(int(owned.group(1))):
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.name)
+    return removed
 
 
 class _CodeCache:
@@ -196,8 +233,10 @@ class CallbackModule(CallbackBase):
         if not __version__.startswith(SUPPORTED):
             self._display.vvv(f"jinja_cache: not for ansible-core {__version__}; off")
             return
-        cache_dir = tempfile.mkdtemp(prefix="dscluster-jinja-")
         owner = os.getpid()
+        for name in sweep(tempfile.gettempdir()):
+            self._display.vvv(f"jinja_cache: removed {name}, left by a run that is gone")
+        cache_dir = tempfile.mkdtemp(prefix=f"{PREFIX}{owner}-")
 
         def remove() -> None:
             if os.getpid() == owner:

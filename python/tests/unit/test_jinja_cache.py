@@ -145,6 +145,24 @@ def test_the_callback_shares_a_directory_for_the_run_and_removes_it(tmp_path):
     assert left == []  # removed when the run ended
 
 
+def test_a_run_removes_the_directories_of_runs_that_are_gone(tmp_path):
+    tmpdir = tmp_path / "tmp"
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    dead, alive = int(gone.stdout), os.getpid()
+    kept = [f"dscluster-jinja-{alive}-abc", "dscluster-jinja-nopid", "other-7-x"]
+    for name in [f"dscluster-jinja-{dead}-abc", *kept]:
+        (tmpdir / name).mkdir(parents=True)
+        (tmpdir / name / "entry").write_bytes(b"code")
+    proc, _ = run_playbook(tmp_path, "1")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"jinja_cache: removed dscluster-jinja-{dead}-abc, left by a run that is gone" in (
+        proc.stdout
+    )
+    assert sorted(p.name for p in tmpdir.iterdir()) == sorted(kept)  # its own removed at exit
+    assert (tmpdir / kept[0] / "entry").read_bytes() == b"code"
+
+
 def test_dscluster_jinja_cache_0_turns_it_off(tmp_path):
     proc, left = run_playbook(tmp_path, "0")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
