@@ -211,6 +211,16 @@ def jinja_cache_on() -> bool:
     )
 
 
+def facts_memo_on() -> bool:
+    """DSCLUSTER_FACTS_MEMO: the collection's facts_memo callback (on unless 0) reads it in
+    ansible-playbook, where a bad value cannot be refused; dscluster refuses it first."""
+    return env_switch(
+        "DSCLUSTER_FACTS_MEMO",
+        True,
+        "set DSCLUSTER_FACTS_MEMO=0 to decode cached facts for every task, or unset it",
+    )
+
+
 def mitogen_strategy_dir() -> pathlib.Path | None:
     """DSCLUSTER_MITOGEN=1: the strategy plugins of the installed mitogen; None when unset.
 
@@ -262,9 +272,11 @@ def ansible_env() -> dict[str, str]:
         "PATH": str(pathlib.Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
         "ANSIBLE_FORCE_COLOR": "0",
         # ansible-runner sets this variable (adding its own), so ansible.cfg's is not read:
-        # the collection's callbacks (jinja_cache, enabled in ansible.cfg) are named here
+        # the collection's callbacks (jinja_cache, facts_memo: enabled in ansible.cfg) are
+        # named here
         "ANSIBLE_CALLBACK_PLUGINS": str(root / "plugins" / "callback"),
         "DSCLUSTER_JINJA_CACHE": "1" if jinja_cache_on() else "0",
+        "DSCLUSTER_FACTS_MEMO": "1" if facts_memo_on() else "0",
     }
     if config.is_file():
         env["ANSIBLE_CONFIG"] = str(config)

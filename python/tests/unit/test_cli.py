@@ -163,7 +163,12 @@ def test_bad_home_is_one_line_and_writes_nothing(tmp_path: pathlib.Path, home: s
 
 
 @pytest.mark.parametrize(
-    ("name", "value"), [("DSCLUSTER_JINJA_CACHE", "off"), ("DSCLUSTER_MITOGEN", "yes")]
+    ("name", "value"),
+    [
+        ("DSCLUSTER_JINJA_CACHE", "off"),
+        ("DSCLUSTER_FACTS_MEMO", "true"),
+        ("DSCLUSTER_MITOGEN", "yes"),
+    ],
 )
 def test_bad_switch_is_one_line_and_writes_nothing(tmp_path: pathlib.Path, name: str, value: str):
     proc = subprocess.run(

@@ -129,10 +129,11 @@ def _main(words: list[str]) -> int:
         # paths.home() reads it; set before any command resolves an inventory name.
         os.environ["DSCLUSTER_HOME"] = home
     try:
-        # A bad DSCLUSTER_MITOGEN or DSCLUSTER_JINJA_CACHE is refused before any command
-        # does anything.
+        # A bad DSCLUSTER_MITOGEN, DSCLUSTER_JINJA_CACHE or DSCLUSTER_FACTS_MEMO is refused
+        # before any command does anything.
         runner.mitogen_strategy_dir()
         runner.jinja_cache_on()
+        runner.facts_memo_on()
     except DsclusterError as exc:
         print_error(str(exc))
         return 2
