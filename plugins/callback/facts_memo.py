@@ -55,29 +55,25 @@ class _Entry:
 class _Memo:
     def __init__(self) -> None:
         self.entries: dict[tuple[int, str], _Entry] = {}
-        # the copy last handed out per cache key, by id: (copy, entry); the copy is held so its
-        # id is not reused while it is listed here
-        self.handed: dict[int, tuple[dict, _Entry]] = {}
-        self.last_by_key: dict[tuple[int, str], int] = {}
+        # the copy last handed out, with its entry: get_vars cleans the facts it just got, so
+        # one slot serves it; a copy cleaned later (or changed since) is cleaned as it is
+        self.last: tuple[dict, _Entry] | None = None
 
-    def hand_out(self, where: tuple[int, str], entry: _Entry) -> dict:
+    def hand_out(self, entry: _Entry) -> dict:
         facts = dict(entry.decoded)  # callers may update the top level (set_host_facts does)
-        old = self.last_by_key.pop(where, None)
-        if old is not None:
-            self.handed.pop(old, None)
-        self.handed[id(facts)] = (facts, entry)
-        self.last_by_key[where] = id(facts)
+        self.last = (facts, entry)
         return facts
 
     def entry_for(self, facts: object) -> _Entry | None:
-        """The entry a facts dict was handed out from, while its top level is unchanged."""
-        found = self.handed.get(id(facts))
-        if found is None or found[0] is not facts:
+        """The entry the last handed-out copy came from, if `facts` is that copy and its top
+        level is unchanged."""
+        if self.last is None or self.last[0] is not facts:
             return None
-        decoded = found[1].decoded
+        entry = self.last[1]
+        decoded = entry.decoded
         if len(facts) != len(decoded) or any(facts.get(k) is not v for k, v in decoded.items()):
             return None
-        return found[1]
+        return entry
 
 
 def _internals():
@@ -120,7 +116,7 @@ def install() -> bool:
         if entry is None or entry.payload is not payload:
             entry = _Entry(payload, self._decode(raw))
             memo.entries[where] = entry
-        return memo.hand_out(where, entry)
+        return memo.hand_out(entry)
 
     def clean_facts(facts):
         entry = memo.entry_for(facts)
