@@ -201,24 +201,21 @@ def env_switch(name: str, default: bool, fix: str) -> bool:
     return value == "1"
 
 
-def jinja_cache_on() -> bool:
-    """DSCLUSTER_JINJA_CACHE: the collection's jinja_cache callback (on unless 0) reads it in
-    ansible-playbook, where a bad value cannot be refused; dscluster refuses it first."""
-    return env_switch(
-        "DSCLUSTER_JINJA_CACHE",
-        True,
-        "set DSCLUSTER_JINJA_CACHE=0 to compile templates in every worker, or unset it",
-    )
+# The collection's callbacks that read a 0/1 switch in ansible-playbook (on unless 0), where a
+# bad value cannot be refused: dscluster refuses it first. Switch -> what 0 does.
+CALLBACK_SWITCHES = {
+    "DSCLUSTER_JINJA_CACHE": "compile templates in every worker",
+    "DSCLUSTER_FACTS_MEMO": "decode cached facts for every task",
+}
 
 
-def facts_memo_on() -> bool:
-    """DSCLUSTER_FACTS_MEMO: the collection's facts_memo callback (on unless 0) reads it in
-    ansible-playbook, where a bad value cannot be refused; dscluster refuses it first."""
-    return env_switch(
-        "DSCLUSTER_FACTS_MEMO",
-        True,
-        "set DSCLUSTER_FACTS_MEMO=0 to decode cached facts for every task, or unset it",
-    )
+def callback_switches() -> dict[str, str]:
+    """Each callback switch as the playbook run gets it ("1" or "0"); a bad value is refused,
+    naming it and what 0 does."""
+    return {
+        name: "1" if env_switch(name, True, f"set {name}=0 to {off}, or unset it") else "0"
+        for name, off in CALLBACK_SWITCHES.items()
+    }
 
 
 def mitogen_strategy_dir() -> pathlib.Path | None:
@@ -275,8 +272,7 @@ def ansible_env() -> dict[str, str]:
         # the collection's callbacks (jinja_cache, facts_memo: enabled in ansible.cfg) are
         # named here
         "ANSIBLE_CALLBACK_PLUGINS": str(root / "plugins" / "callback"),
-        "DSCLUSTER_JINJA_CACHE": "1" if jinja_cache_on() else "0",
-        "DSCLUSTER_FACTS_MEMO": "1" if facts_memo_on() else "0",
+        **callback_switches(),
     }
     if config.is_file():
         env["ANSIBLE_CONFIG"] = str(config)

@@ -102,24 +102,24 @@ def test_mitogen_is_an_option_read_from_the_environment(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("name", "reader", "plugin", "bad"),
+    ("name", "plugin", "bad"),
     [
-        ("DSCLUSTER_JINJA_CACHE", "jinja_cache_on", "jinja_cache.py", "false"),
-        ("DSCLUSTER_FACTS_MEMO", "facts_memo_on", "facts_memo.py", "no"),
+        ("DSCLUSTER_JINJA_CACHE", "jinja_cache.py", "false"),
+        ("DSCLUSTER_FACTS_MEMO", "facts_memo.py", "no"),
     ],
 )
 def test_a_callback_switch_is_on_unless_0_and_a_bad_value_is_refused(
-    monkeypatch, name: str, reader: str, plugin: str, bad: str
+    monkeypatch, name: str, plugin: str, bad: str
 ):
     from dscluster import runner  # noqa: PLC0415
 
     monkeypatch.delenv(name, raising=False)
-    assert getattr(runner, reader)() is True
+    assert runner.callback_switches()[name] == "1"
     env = runner.ansible_env()
     assert env[name] == "1"
     assert (pathlib.Path(env["ANSIBLE_CALLBACK_PLUGINS"]) / plugin).is_file()
     monkeypatch.setenv(name, "0")
-    assert getattr(runner, reader)() is False
+    assert runner.callback_switches()[name] == "0"
     assert runner.ansible_env()[name] == "0"
     monkeypatch.setenv(name, bad)
     with pytest.raises(DsclusterError, match=f"{name}='{bad}' is neither 1 nor 0"):

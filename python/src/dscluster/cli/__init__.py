@@ -132,8 +132,7 @@ def _main(words: list[str]) -> int:
         # A bad DSCLUSTER_MITOGEN, DSCLUSTER_JINJA_CACHE or DSCLUSTER_FACTS_MEMO is refused
         # before any command does anything.
         runner.mitogen_strategy_dir()
-        runner.jinja_cache_on()
-        runner.facts_memo_on()
+        runner.callback_switches()
     except DsclusterError as exc:
         print_error(str(exc))
         return 2
