@@ -60,6 +60,20 @@ def test_only_a_cpu_build_starts_early_and_ml_stack_joins_only_its_own_key():
     assert sel["build_early"] is False and sel["build_phase"] == "all"
 
 
+def test_the_ranks_a_node_runs_decide_whether_the_install_compiles_a_jobs_bytecode():
+    """__ml_stack_node_ranks (the node's hostfile slots): above 1, the seed task compiles what
+    a job imports at install instead of leaving it to every rank of the first job."""
+    cpu = facts(accelerators={"kind": "cpu", "count": 0})
+    for slots in (1, 2):
+        rc, sel, out = select(cpu | {"dscluster_cpu_slots": slots})
+        assert rc == 0, out
+        assert sel["node_ranks"] == slots
+    gpu = facts(accelerators={"kind": "cuda", "count": 8}, nvidia={"cuda": "12.8"})
+    rc, sel, out = select(gpu | {"dscluster_cpu_slots": 1})
+    assert rc == 0, out
+    assert sel["node_ranks"] == 8  # the GPUs, not the CPU slots
+
+
 @pytest.mark.parametrize(("cuda", "variant"), [("12.8.1", "cu128"), ("12.6", "cu126")])
 def test_gpu_build_host_gets_the_torch_of_its_cuda(cuda, variant):
     rc, sel, out = select(facts(accelerators={"kind": "cuda", "count": 4}, nvidia={"cuda": cuda}))

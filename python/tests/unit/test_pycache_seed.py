@@ -13,14 +13,17 @@ import sys
 from .. import rolefiles
 
 
-def seed(venv: pathlib.Path, prefix: pathlib.Path) -> dict:
+def seed(
+    venv: pathlib.Path, prefix: pathlib.Path, *modules: str, env: dict[str, str] | None = None
+) -> dict:
     script = rolefiles.path("ml_stack", "files/pycache_seed.py").read_text()
     out = subprocess.run(
-        [sys.executable, "-c", script, str(venv), str(prefix)],
+        [sys.executable, "-c", script, str(venv), str(prefix), *modules],
         capture_output=True,
         text=True,
         check=True,
         timeout=60,
+        env={**os.environ, **(env or {})},
     )
     return json.loads(out.stdout)
 
@@ -68,3 +71,59 @@ def test_the_prefix_serves_the_venvs_bytecode_and_a_second_seed_copies_nothing(t
     (site / "pkg" / "sub" / "mod.py").write_text("NAME = 'changed, longer than before'\n")
     py_compile.compile(str(site / "pkg" / "sub" / "mod.py"), doraise=True)
     assert seed(tmp_path / "venv", prefix) == {"copied": 1, "kept": 2}
+
+
+def test_named_modules_are_compiled_into_the_prefix_once_and_a_failing_one_is_named(tmp_path):
+    """With modules after VENV PREFIX, VENV's Python imports them with the prefix set: what a
+    job would import beyond the venv's own bytecode is compiled there at install. A module that
+    does not import is named with its error; the others are still compiled."""
+    venv = tmp_path / "venv"
+    site = venv / "lib" / "site-packages"
+    (site / "pkg").mkdir(parents=True)
+    (venv / "bin").mkdir()
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    (site / "pkg" / "__init__.py").write_text("")
+    py_compile.compile(str(site / "pkg" / "__init__.py"), doraise=True)  # root's reading
+    (site / "pkg" / "engine.py").write_text("from . import optim\n")
+    (site / "pkg" / "optim.py").write_text("LR = 0.1\n")
+    (site / "pkg" / "broken.py").write_text("raise RuntimeError('needs a device\\nsecond line')\n")
+    prefix = tmp_path / "pycache"
+    prefix.mkdir()
+    env = {"PYTHONPATH": str(site)}
+    modules = ["pkg.engine", "pkg.absent", "pkg.broken"]
+
+    first = seed(venv, prefix, *modules, env=env)
+    assert first["copied"] == 1  # pkg/__init__
+    assert first["imported"] == ["pkg.engine"]
+    assert first["not_imported"] == {
+        "pkg.absent": "ModuleNotFoundError: No module named 'pkg.absent'",
+        "pkg.broken": "RuntimeError: needs a device",
+    }
+    # engine, optim (imported by engine), broken (it compiled), and the interpreter's own
+    # modules the import used: with a prefix set, Python keeps the standard library's there too
+    assert first["compiled"] == len(list(prefix.rglob("*.pyc"))) - first["copied"]
+    tag = sys.implementation.cache_tag
+    here = prefix / str(site / "pkg").lstrip("/")
+    assert sorted(p.name for p in here.iterdir()) == sorted(
+        f"{m}.{tag}.pyc" for m in ("__init__", "engine", "optim", "broken")
+    )
+    assert not (site / "pkg" / "__pycache__" / f"engine.{tag}.pyc").exists()  # the venv is root's
+    # The job's import then reads the prefix: nothing compiled from source
+    lines = imported_from(site, prefix, "pkg.engine")
+    ours = [ln for ln in lines if "/pkg/" in ln]
+    assert len(ours) == 3 and all(ln.startswith(f"# code object from '{prefix}/") for ln in ours)
+
+    again = seed(venv, prefix, *modules, env=env)
+    assert (again["copied"], again["kept"], again["compiled"]) == (0, 1, 0)
+    assert again["imported"] == ["pkg.engine"]
+
+
+def test_a_venv_python_that_cannot_start_names_every_module(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "lib").mkdir(parents=True)
+    prefix = tmp_path / "pycache"
+    prefix.mkdir()
+    out = seed(venv, prefix, "torch._dynamo", "deepspeed.runtime.engine")
+    assert out["compiled"] == 0 and out["imported"] == []
+    assert set(out["not_imported"]) == {"torch._dynamo", "deepspeed.runtime.engine"}
+    assert all("FileNotFoundError" in why for why in out["not_imported"].values())

@@ -1,16 +1,39 @@
-"""Seed the ranks' bytecode prefix (PYTHONPYCACHEPREFIX) from the venv's own bytecode.
+"""Seed the ranks' bytecode prefix (PYTHONPYCACHEPREFIX) from the venv's own bytecode, then
+compile into it what a training job imports beyond that.
 
-Run as the training user, `python3 -c <this file> VENV PREFIX`, by roles/ml_stack/tasks/main.yml
-when the venv or the prefix is new. With a prefix set, Python reads bytecode only there: what
-root's readings compiled into the venv (torch, DeepSpeed's top level) would be compiled again
-by the first job on the node. Each `__pycache__/X.pyc` under VENV is copied to where the
-prefix keeps it (PREFIX + the source's directory + X.pyc) unless a file with the same header
-(magic, flags, source mtime and size) is there. Prints {"copied": N, "kept": M}.
+Run as the training user, `python3 -c <this file> VENV PREFIX [MODULE...]`, by
+roles/ml_stack/tasks/main.yml when the venv or the prefix is new. With a prefix set, Python
+reads bytecode only there: what root's readings compiled into the venv (torch, DeepSpeed's top
+level) would be compiled again by the first job on the node. Each `__pycache__/X.pyc` under
+VENV is copied to where the prefix keeps it (PREFIX + the source's directory + X.pyc) unless a
+file with the same header (magic, flags, source mtime and size) is there.
+
+Then VENV's Python imports each MODULE with the prefix set (the role names them where a node
+runs several ranks), so their bytecode is written there once, at install, instead of by every
+rank of the node's first job (each rank compiles the same modules side by side: torch's
+optimizers import torch._dynamo, DeepSpeed's engine torch's compiler stack, about 1500
+modules and 5 s of a core per rank here). A module that does not
+import (another DeepSpeed version has no such module) is named, not fatal: this only saves time.
+Prints {"copied": N, "kept": M, "compiled": C, "imported": [...], "not_imported": {MODULE: why}}.
 """
 
 import json
 import os
+import subprocess
 import sys
+
+# Run by VENV's Python: import each module named in argv, print what did not import, and why.
+WARM = """
+import importlib, json, sys
+failed = {}
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except Exception as exc:
+        failed[name] = (type(exc).__name__ + ": " + str(exc)).splitlines()[0][:200]
+print(json.dumps(failed))
+"""
+WARM_TIMEOUT_S = 600
 
 HEADER = 16  # PEP 552: magic, flags, source mtime, source size
 
@@ -52,5 +75,42 @@ def seed(venv, prefix):
     return {"copied": copied, "kept": kept}
 
 
+def count_bytecode(prefix):
+    return sum(name.endswith(".pyc") for _root, _dirs, files in os.walk(prefix) for name in files)
+
+
+def warm(venv, prefix, modules):
+    """Import `modules` with VENV's Python, bytecode written into `prefix`."""
+    before = count_bytecode(prefix)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = prefix
+    try:
+        proc = subprocess.run(
+            [os.path.join(venv, "bin", "python"), "-c", WARM, *modules],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=WARM_TIMEOUT_S,
+            check=False,
+        )
+        lines = proc.stdout.strip().splitlines()
+        if proc.returncode == 0 and lines:
+            failed = json.loads(lines[-1])
+        else:
+            why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:200]
+            failed = dict.fromkeys(modules, why)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        failed = dict.fromkeys(modules, f"{type(exc).__name__}: {exc}"[:200])
+    return {
+        "compiled": count_bytecode(prefix) - before,
+        "imported": [m for m in modules if m not in failed],
+        "not_imported": failed,
+    }
+
+
 if __name__ == "__main__":
-    print(json.dumps(seed(sys.argv[1], sys.argv[2].rstrip("/"))))
+    venv, prefix, modules = sys.argv[1], sys.argv[2].rstrip("/"), sys.argv[3:]
+    result = seed(venv, prefix)
+    if modules:
+        result.update(warm(venv, prefix, modules))
+    print(json.dumps(result))
