@@ -87,14 +87,18 @@ def test_named_modules_are_compiled_into_the_prefix_once_and_a_failing_one_is_na
     (site / "pkg" / "engine.py").write_text("from . import optim\n")
     (site / "pkg" / "optim.py").write_text("LR = 0.1\n")
     (site / "pkg" / "broken.py").write_text("raise RuntimeError('needs a device\\nsecond line')\n")
+    # an import that prints, as DeepSpeed logs to stdout, before and after the verdict
+    (site / "pkg" / "noisy.py").write_text(
+        "import atexit\nprint('[INFO] {not json}')\natexit.register(print, '[INFO] bye')\n"
+    )
     prefix = tmp_path / "pycache"
     prefix.mkdir()
     env = {"PYTHONPATH": str(site)}
-    modules = ["pkg.engine", "pkg.absent", "pkg.broken"]
+    modules = ["pkg.engine", "pkg.absent", "pkg.broken", "pkg.noisy"]
 
     first = seed(venv, prefix, *modules, env=env)
     assert first["copied"] == 1  # pkg/__init__
-    assert first["imported"] == ["pkg.engine"]
+    assert first["imported"] == ["pkg.engine", "pkg.noisy"]
     assert first["not_imported"] == {
         "pkg.absent": "ModuleNotFoundError: No module named 'pkg.absent'",
         "pkg.broken": "RuntimeError: needs a device",
@@ -105,7 +109,7 @@ def test_named_modules_are_compiled_into_the_prefix_once_and_a_failing_one_is_na
     tag = sys.implementation.cache_tag
     here = prefix / str(site / "pkg").lstrip("/")
     assert sorted(p.name for p in here.iterdir()) == sorted(
-        f"{m}.{tag}.pyc" for m in ("__init__", "engine", "optim", "broken")
+        f"{m}.{tag}.pyc" for m in ("__init__", "engine", "optim", "broken", "noisy")
     )
     assert not (site / "pkg" / "__pycache__" / f"engine.{tag}.pyc").exists()  # the venv is root's
     # The job's import then reads the prefix: nothing compiled from source
@@ -115,7 +119,7 @@ def test_named_modules_are_compiled_into_the_prefix_once_and_a_failing_one_is_na
 
     again = seed(venv, prefix, *modules, env=env)
     assert (again["copied"], again["kept"], again["compiled"]) == (0, 1, 0)
-    assert again["imported"] == ["pkg.engine"]
+    assert again["imported"] == ["pkg.engine", "pkg.noisy"]
 
 
 def test_a_venv_python_that_cannot_start_names_every_module(tmp_path):

@@ -12,8 +12,8 @@ Then VENV's Python imports each MODULE with the prefix set (the role names them 
 runs several ranks), so their bytecode is written there once, at install, instead of by every
 rank of the node's first job (each rank compiles the same modules side by side: torch's
 optimizers import torch._dynamo, DeepSpeed's engine torch's compiler stack, about 1500
-modules and 5 s of a core per rank here). A module that does not
-import (another DeepSpeed version has no such module) is named, not fatal: this only saves time.
+modules and 5 s of a core per rank here). A module that does not import (another DeepSpeed
+version has no such module) is named, not fatal: this only saves time.
 Prints {"copied": N, "kept": M, "compiled": C, "imported": [...], "not_imported": {MODULE: why}}.
 """
 
@@ -79,6 +79,19 @@ def count_bytecode(prefix):
     return sum(name.endswith(".pyc") for _root, _dirs, files in os.walk(prefix) for name in files)
 
 
+def last_json_object(text):
+    """The last line of `text` that is a JSON object: the verdict, whatever an imported
+    module printed before it (DeepSpeed logs to stdout) or after it (at exit)."""
+    for line in reversed(text.splitlines()):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
+
+
 def warm(venv, prefix, modules):
     """Import `modules` with VENV's Python, bytecode written into `prefix`."""
     before = count_bytecode(prefix)
@@ -93,9 +106,9 @@ def warm(venv, prefix, modules):
             timeout=WARM_TIMEOUT_S,
             check=False,
         )
-        lines = proc.stdout.strip().splitlines()
-        if proc.returncode == 0 and lines:
-            failed = json.loads(lines[-1])
+        verdict = last_json_object(proc.stdout) if proc.returncode == 0 else None
+        if verdict is not None:
+            failed = verdict
         else:
             why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:200]
             failed = dict.fromkeys(modules, why)
