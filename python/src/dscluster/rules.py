@@ -33,7 +33,7 @@ PREFIX = "dscluster_"
 # The role's own knob, which an inventory may set (group_vars/all) for site variables.
 EXTRA_KNOWN = "validate_inventory_extra_known_vars"
 
-_TYPE_OF = {"int": "int", "bool": "bool", "mapping": "mapping"}  # the rest: a string
+_TYPE_OF = {"int": "int", "bool": "bool", "mapping": "mapping", "list": "list"}  # else a string
 
 
 @functools.cache
@@ -102,6 +102,8 @@ def _type_ok(rule: Mapping[str, Any], value: Any) -> bool:
         return isinstance(value, bool)
     if want == "mapping":
         return isinstance(value, Mapping)
+    if want == "list":
+        return isinstance(value, list)
     return isinstance(value, str)
 
 
@@ -146,6 +148,18 @@ def _mapping_problem(rule: Mapping[str, Any], value: Mapping[Any, Any]) -> str |
     return None
 
 
+def _list_problem(rule: Mapping[str, Any], value: list[Any]) -> str | None:
+    """The first item of a list that breaks the rule, in words: `item 'htop vim' is not a
+    Debian package name (...)`, `item 3 is a whole number`."""
+    item_re = rule.get("item_pattern")
+    for item in value:
+        if not isinstance(item, str):
+            return f"item {show(item)} is {kind(item)}"
+        if item_re and not re.fullmatch(item_re, item):
+            return f"item {show(item)} is not {rule.get('item_what', 'a valid item')}"
+    return None
+
+
 def value_ok(rule: Mapping[str, Any], value: Any) -> bool:
     """True when the value follows the rule (the same conditions as the role's assert)."""
     if not _type_ok(rule, value):
@@ -157,14 +171,20 @@ def value_ok(rule: Mapping[str, Any], value: Any) -> bool:
         value not in (rule.get("forbidden") or []),
         "choices" not in rule or value in rule["choices"],
     )
+    if isinstance(value, list):
+        return all(checks) and _list_problem(rule, value) is None
     return all(checks) and (not isinstance(value, Mapping) or _mapping_ok(rule, value))
 
 
 def problem(name: str, value: Any, rule: Mapping[str, Any]) -> str:
     """`<name> is <value> (<kind>); it must be ..., e.g. ...` (no host, no file)."""
     what = "" if _type_ok(rule, value) else f" ({kind(value)})"
-    if not what and isinstance(value, Mapping):
-        detail = _mapping_problem(rule, value)
+    if not what and isinstance(value, (Mapping, list)):
+        detail = (
+            _mapping_problem(rule, value)
+            if isinstance(value, Mapping)
+            else _list_problem(rule, value)
+        )
         what = f" ({detail})" if detail else ""
     text = f"{name} is {show(value)}{what}; it must be {rule['must']}, e.g. {rule['example']}"
     if rule.get("fix"):

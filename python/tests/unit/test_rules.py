@@ -58,7 +58,7 @@ def test_host_rules_agree_with_names_py():
 
 def test_every_rule_is_complete():
     for name, rule in rules.variables().items():
-        assert rule["type"] in ("int", "str", "bool", "mapping", "path", "enum"), name
+        assert rule["type"] in ("int", "str", "bool", "mapping", "list", "path", "enum"), name
         assert rule["must"] and rule["example"].startswith(f"{name}:"), name
         example = yaml.safe_load(rule["example"])[name]
         assert rules.value_ok(rule, example), (name, example)
@@ -109,6 +109,21 @@ def test_every_rule_is_complete():
         ("dscluster_venv", "venv", False),
         ("dscluster_slurm", False, True),
         ("dscluster_slurm", "yes", False),
+        ("base_extra_packages", [], True),
+        (
+            "base_extra_packages",
+            ["htop", "libstdc++6", "g++-12", "nvtop=3.0.1-1", "libc6:amd64"],
+            True,
+        ),
+        ("base_extra_packages", "htop", False),
+        ("base_extra_packages", "htop vim", False),
+        ("base_extra_packages", ["htop vim"], False),
+        ("base_extra_packages", ["htop,vim"], False),
+        ("base_extra_packages", ["Htop"], False),
+        ("base_extra_packages", ["h"], False),
+        ("base_extra_packages", [3], False),
+        ("base_extra_packages", [None], False),
+        ("base_extra_packages", {"htop": True}, False),
     ],
 )
 def test_value_rules(name, value, ok):

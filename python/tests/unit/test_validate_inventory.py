@@ -135,6 +135,36 @@ def test_every_rule_of_rules_yml_is_applied_and_reported_together(tmp_path):
         assert any(text in line for line in problems(out)), (text, problems(out))
 
 
+def test_base_extra_packages_must_be_a_list_of_package_names_per_host(tmp_path):
+    """A list rule (files/rules.yml type list): the role refuses a string (apt would get one
+    name, or the role's list join would break on the node) and an item that is no package name,
+    each on its host, and passes a list of names with :arch and =version."""
+    rc, out = validate(
+        tmp_path,
+        {},
+        host_vars={
+            "h1": {"base_extra_packages": "htop vim"},
+            "h2": {"base_extra_packages": ["htop", "nvtop vim"]},
+            "h3": {"base_extra_packages": ["htop", 3]},
+            "h4": {"base_extra_packages": ["htop", "libc6:amd64", "nvtop=3.0.1-1", "g++-12"]},
+            "h5": {"base_extra_packages": []},
+        },
+    )
+    assert rc != 0
+    assert "The inventory has 3 problem(s)" in out
+    lines = problems(out)
+    for host, shown in (
+        ("h1", '"htop vim"'),
+        ("h2", '["htop", "nvtop vim"]'),
+        ("h3", '["htop", 3]'),
+    ):
+        want = (
+            f"on {host}: base_extra_packages is {shown}; it must be a list of Debian package names"
+        )
+        assert any(want in ln for ln in lines), (want, lines)
+    assert not any("h4" in ln or "h5" in ln for ln in lines), lines
+
+
 def test_cpu_slots_refuses_bools_floats_strings_and_zero_per_host(tmp_path):
     rc, out = validate(
         tmp_path,

@@ -148,6 +148,13 @@ _BAD: list[tuple[str, Callable[[pathlib.Path], None], str, str]] = [
      "single values"),
     ("extra-env-string", inventory({"dscluster_extra_env": "A=1"}), "'A=1'",
      "dscluster_extra_env: {OMP_NUM_THREADS: 4}"),
+    # base_extra_packages: a list of Debian package names.
+    ("extra-packages-string", inventory({"base_extra_packages": "htop vim"}),
+     "'htop vim' (a string)", "base_extra_packages: [htop, nvtop]"),
+    ("extra-packages-comma-item", inventory(n2={"base_extra_packages": ["htop,vim"]}),
+     "item 'htop,vim' is not a Debian package name", "a list of Debian package names"),
+    ("extra-packages-number-item", inventory({"base_extra_packages": ["htop", 7]}),
+     "item 7 is a whole number", "base_extra_packages: [htop, nvtop]"),
     # Other rules.
     ("expected-slots-negative", inventory(n2={"dscluster_expected_slots": -1}), "-1",
      "from 0 to 1024"),
