@@ -104,8 +104,10 @@ def test_named_modules_are_compiled_into_the_prefix_once_and_a_failing_one_is_na
         "pkg.broken": "RuntimeError: needs a device",
     }
     # engine, optim (imported by engine), broken (it compiled), and the interpreter's own
-    # modules the import used: with a prefix set, Python keeps the standard library's there too
-    assert first["compiled"] == len(list(prefix.rglob("*.pyc"))) - first["copied"]
+    # modules the import used that its standard library had no bytecode for: with a prefix
+    # set, Python keeps the standard library's there too
+    copies = first["copied"] + first["stdlib_copied"]
+    assert first["compiled"] == len(list(prefix.rglob("*.pyc"))) - copies
     tag = sys.implementation.cache_tag
     here = prefix / str(site / "pkg").lstrip("/")
     assert sorted(p.name for p in here.iterdir()) == sorted(
@@ -131,3 +133,43 @@ def test_a_venv_python_that_cannot_start_names_every_module(tmp_path):
     assert out["compiled"] == 0 and out["imported"] == []
     assert set(out["not_imported"]) == {"torch._dynamo", "deepspeed.runtime.engine"}
     assert all("FileNotFoundError" in why for why in out["not_imported"].values())
+
+
+def test_the_standard_librarys_bytecode_is_seeded_without_tests_site_packages_or_opt(tmp_path):
+    """VENV's Python names its standard library; its plain bytecode is copied into the prefix
+    (not -O's, not the test package, not site-/dist-packages under it), and a module of it is
+    then read from there, not compiled again."""
+    stdlib = tmp_path / "usr" / "lib" / "python3.x"
+    tag = sys.implementation.cache_tag
+    for rel in ("json/__init__.py", "json/decoder.py", "shlex.py", "test/test_x.py",
+                "site-packages/other.py", "dist-packages/debian.py"):  # fmt: skip
+        (stdlib / rel).parent.mkdir(parents=True, exist_ok=True)
+        (stdlib / rel).write_text(f"NAME = {rel!r}\n")
+        py_compile.compile(str(stdlib / rel), doraise=True)
+    py_compile.compile(str(stdlib / "shlex.py"), optimize=1, doraise=True)  # shlex.*.opt-1.pyc
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    # VENV's Python, as far as the seed asks it: where its standard library is, its tag
+    python = venv / "bin" / "python"
+    python.write_text(f'#!/bin/sh\necho \'["{stdlib}", "{tag}"]\'\n')
+    python.chmod(0o755)
+    prefix = tmp_path / "pycache"
+    prefix.mkdir()
+
+    first = seed(venv, prefix)
+    assert (first["copied"], first["stdlib_copied"], first["stdlib_kept"]) == (0, 3, 0)
+    copied = sorted(str(p.relative_to(prefix)) for p in prefix.rglob("*.pyc"))
+    inside = str(stdlib).lstrip("/")
+    assert copied == [
+        f"{inside}/json/__init__.{tag}.pyc",
+        f"{inside}/json/decoder.{tag}.pyc",
+        f"{inside}/shlex.{tag}.pyc",
+    ]
+    lines = imported_from(stdlib, prefix, "json.decoder")
+    ours = [ln for ln in lines if str(stdlib) in ln]
+    assert len(ours) == 2 and all(ln.startswith(f"# code object from '{prefix}/") for ln in ours)
+
+    assert seed(venv, prefix)["stdlib_kept"] == 3
+    # a VENV whose Python does not answer: the venv's own bytecode only, no stdlib_ keys
+    python.write_text("#!/bin/sh\nexit 3\n")
+    assert seed(venv, prefix) == {"copied": 0, "kept": 0}
