@@ -5,7 +5,9 @@
 #   1. make demo cold (BENCH_COLD=1: node images and wheelhouse removed first) and warm
 #   2. re-converge of site.yml on the provisioned cluster (and its changed count), with the
 #      per-task profile (top 15 tasks by time summed across hosts), and again with mitogen;
-#      a new 3-node cluster with the wheelhouse cached, and one node added to it (--add);
+#      a new 3-node cluster with the wheelhouse cached, its first smoke job and a second one
+#      (the first one's ranks compile the bytecode the install did not), and one node added
+#      to it (--add);
 #      a node of the local cluster baked into an image (image bake), a new 3-node cluster
 #      from it and one node added to that; provision of 4, 8 and 16 local nodes, each with
 #      its CPU split between the nodes and the controller (BENCH_SCALE="4 8 16"; BENCH_SCALE=
@@ -64,6 +66,9 @@ echo "== a new 3-node cluster, wheelhouse cached (local up + provision)"
 $DSC local down --name bench >/dev/null 2>&1 || true
 timed new_cluster_cached_s "$OUT/$stamp-new-cluster.log" \
   bash -c "$DSC local up --name bench --nodes 3 && $DSC provision -i inventories/bench"
+echo "== the first smoke job on it, then a second (3 ranks, no doctor)"
+timed first_smoke_s "$OUT/$stamp-first-smoke.log" $DSC smoke -i inventories/bench --no-doctor
+timed second_smoke_s "$OUT/$stamp-second-smoke.log" $DSC smoke -i inventories/bench --no-doctor
 echo "== one node added to it (local up --nodes 4 + provision --add)"
 timed add_node_s "$OUT/$stamp-add-node.log" \
   bash -c "$DSC local up --name bench --nodes 4 && $DSC provision -i inventories/bench --add bench-n4"
