@@ -120,17 +120,6 @@ def _scalar_ok(value: Any, types: Iterable[str]) -> bool:
     return False
 
 
-def _mapping_ok(rule: Mapping[str, Any], value: Mapping[Any, Any]) -> bool:
-    key_re = rule.get("key_pattern")
-    types = rule.get("value_types")
-    for key, item in value.items():
-        if not isinstance(key, str) or (key_re and not re.fullmatch(key_re, key)):
-            return False
-        if types is not None and not _scalar_ok(item, types):
-            return False
-    return True
-
-
 def _mapping_problem(rule: Mapping[str, Any], value: Mapping[Any, Any]) -> str | None:
     """The first entry of a mapping that breaks the rule, in words: `key '1X' is not an
     environment variable name`, `OMP_NUM_THREADS is null`, `LR is nan`."""
@@ -150,13 +139,22 @@ def _mapping_problem(rule: Mapping[str, Any], value: Mapping[Any, Any]) -> str |
 
 def _list_problem(rule: Mapping[str, Any], value: list[Any]) -> str | None:
     """The first item of a list that breaks the rule, in words: `item 'htop vim' is not a
-    Debian package name (...)`, `item 3 is a whole number`."""
+    Debian package name`, `item 3 is a whole number`."""
     item_re = rule.get("item_pattern")
     for item in value:
         if not isinstance(item, str):
             return f"item {show(item)} is {kind(item)}"
         if item_re and not re.fullmatch(item_re, item):
             return f"item {show(item)} is not {rule.get('item_what', 'a valid item')}"
+    return None
+
+
+def _entry_problem(rule: Mapping[str, Any], value: Any) -> str | None:
+    """The first entry of a mapping or item of a list that breaks the rule, in words."""
+    if isinstance(value, Mapping):
+        return _mapping_problem(rule, value)
+    if isinstance(value, list):
+        return _list_problem(rule, value)
     return None
 
 
@@ -171,20 +169,14 @@ def value_ok(rule: Mapping[str, Any], value: Any) -> bool:
         value not in (rule.get("forbidden") or []),
         "choices" not in rule or value in rule["choices"],
     )
-    if isinstance(value, list):
-        return all(checks) and _list_problem(rule, value) is None
-    return all(checks) and (not isinstance(value, Mapping) or _mapping_ok(rule, value))
+    return all(checks) and _entry_problem(rule, value) is None
 
 
 def problem(name: str, value: Any, rule: Mapping[str, Any]) -> str:
     """`<name> is <value> (<kind>); it must be ..., e.g. ...` (no host, no file)."""
     what = "" if _type_ok(rule, value) else f" ({kind(value)})"
-    if not what and isinstance(value, (Mapping, list)):
-        detail = (
-            _mapping_problem(rule, value)
-            if isinstance(value, Mapping)
-            else _list_problem(rule, value)
-        )
+    if not what:
+        detail = _entry_problem(rule, value)
         what = f" ({detail})" if detail else ""
     text = f"{name} is {show(value)}{what}; it must be {rule['must']}, e.g. {rule['example']}"
     if rule.get("fix"):
