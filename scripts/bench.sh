@@ -5,7 +5,8 @@
 #   1. make demo cold (BENCH_COLD=1: node images and wheelhouse removed first) and warm
 #   2. re-converge of site.yml on the provisioned cluster (and its changed count), with the
 #      per-task profile (top 15 tasks by time summed across hosts), and again with mitogen;
-#      a new 3-node cluster with the wheelhouse cached, its first smoke job and a second one
+#      a new 3-node cluster with the wheelhouse cached (its provision profiled the same way),
+#      its first smoke job and a second one
 #      (the first one's ranks compile the bytecode the install did not), and one node added
 #      to it (--add);
 #      a node of the local cluster baked into an image (image bake), a new 3-node cluster
@@ -36,6 +37,18 @@ timed() {
   t0=$(now)
   if "$@" >"$log" 2>&1; then R[$key]=$(elapsed "$t0" "$(now)"); else R[$key]='"failed"'; echo "   $key failed: see $log"; fi
 }
+# profile FILE TITLE: a provision's per-play seconds (slowest host) and its top 15 tasks
+profile() {
+  [ -f "$1" ] || return 0
+  echo "$2 profile: seconds per play (slowest host), top 15 tasks by time summed across hosts"
+  $BIN/python -c "
+import json, sys
+p = json.load(open(sys.argv[1]))
+for play, s in p['play_seconds_max_host'].items():
+    print(f'  {s:7.1f} s  {play}')
+for r in p['top']:
+    print(f\"  {r['total_s']:7.1f} s  {r['hosts']} host(s)  {r['task']}  [{r['play']}]\")" "$1"
+}
 changes() { grep -oE 'provisioned [0-9]+ (of [0-9]+ )?hosts, [0-9]+ changes' "$1" | grep -oE '[0-9]+ changes' | grep -oE '[0-9]+' || echo '"?"'; }
 
 # A 10,000-node Slurm node list: expand, slots, inventory data and hostfile (limit 1 s).
@@ -65,7 +78,8 @@ R[reconverge_mitogen_changed]=$(changes "$OUT/$stamp-reconverge-mitogen.log")
 echo "== a new 3-node cluster, wheelhouse cached (local up + provision)"
 $DSC local down --name bench >/dev/null 2>&1 || true
 timed new_cluster_cached_s "$OUT/$stamp-new-cluster.log" \
-  bash -c "$DSC local up --name bench --nodes 3 && $DSC provision -i inventories/bench"
+  bash -c "$DSC local up --name bench --nodes 3 &&
+    DSCLUSTER_PROFILE='$OUT/$stamp-new-cluster-profile.json' $DSC provision -i inventories/bench"
 echo "== the first smoke job on it, then a second (3 ranks, no doctor)"
 timed first_smoke_s "$OUT/$stamp-first-smoke.log" $DSC smoke -i inventories/bench --no-doctor
 timed second_smoke_s "$OUT/$stamp-second-smoke.log" $DSC smoke -i inventories/bench --no-doctor
@@ -156,6 +170,7 @@ docker exec "$head" rm -rf /opt/bench-jit /tmp/bench-ext
   echo "  \"time\": \"$stamp\", \"cpus\": $(nproc), \"host\": \"$(hostname)\","
   echo "  \"load_at_start\": \"$LOAD0\", \"load_at_end\": \"$(cut -d' ' -f1-3 /proc/loadavg)\","
   echo "  \"reconverge_profile\": $(cat "$OUT/$stamp-profile.json" 2>/dev/null || echo null),"
+  echo "  \"new_cluster_profile\": $(cat "$OUT/$stamp-new-cluster-profile.json" 2>/dev/null || echo null),"
   first=1
   for k in "${!R[@]}"; do
     [ $first = 1 ] || echo ","
@@ -166,13 +181,8 @@ docker exec "$head" rm -rf /opt/bench-jit /tmp/bench-ext
 } >"$OUT/$stamp.json"
 echo
 echo "$(date -u +%F), $(nproc) cores, load $LOAD0 at start, $(cut -d' ' -f1-3 /proc/loadavg) at end"
-if [ -f "$OUT/$stamp-profile.json" ]; then
-  echo "re-converge profile: top 15 tasks by time summed across hosts"
-  $BIN/python -c "
-import json, sys
-for r in json.load(open(sys.argv[1]))['top']:
-    print(f\"  {r['total_s']:7.1f} s  {r['hosts']} host(s)  {r['task']}  [{r['play']}]\")" "$OUT/$stamp-profile.json"
-fi
+profile "$OUT/$stamp-profile.json" "re-converge"
+profile "$OUT/$stamp-new-cluster-profile.json" "new 3-node cluster (provision)"
 printf '%-28s %s\n' metric value
 for k in $(printf '%s\n' "${!R[@]}" | sort); do printf '%-28s %s\n' "$k" "${R[$k]}"; done
 echo "written: $OUT/$stamp.json (logs beside it)"
