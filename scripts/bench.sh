@@ -6,9 +6,8 @@
 #   2. re-converge of site.yml on the provisioned cluster (and its changed count), with the
 #      per-task profile (top 15 tasks by time summed across hosts), and again with mitogen;
 #      a new 3-node cluster with the wheelhouse cached (its provision profiled the same way),
-#      its first smoke job and a second one
-#      (the first one's ranks compile the bytecode the install did not), and one node added
-#      to it (--add);
+#      its first smoke job and a second one (the first one's ranks compile the bytecode the
+#      install did not), and one node added to it (--add);
 #      a node of the local cluster baked into an image (image bake), a new 3-node cluster
 #      from it and one node added to that; provision of 4, 8 and 16 local nodes, each with
 #      its CPU split between the nodes and the controller (BENCH_SCALE="4 8 16"; BENCH_SCALE=
