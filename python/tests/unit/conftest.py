@@ -7,6 +7,8 @@ import textwrap
 
 import pytest
 import requests
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
 
 from . import aws_moto
 from .facts import write_facts
@@ -51,11 +53,21 @@ def moto_url():
     server.stop()
 
 
+def _reset_moto(moto_url: str) -> None:
+    """Empty moto's account. The reset is idempotent, so a connection the loaded test machine's
+    werkzeug server drops (CI once failed a setup on a reset POST's ECONNRESET) is retried;
+    an answer other than 2xx still fails the test."""
+    retry = Retry(total=5, backoff_factor=0.5, allowed_methods=None, status_forcelist=())
+    with requests.Session() as http:
+        http.mount("http://", HTTPAdapter(max_retries=retry))
+        http.post(f"{moto_url}/moto-api/reset", timeout=30).raise_for_status()
+
+
 @pytest.fixture
 def aws_env(moto_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path):
     """A fresh moto account, dummy credentials, nothing read from ~/.aws; boto3 and
     dscluster reach the moto server only through AWS_ENDPOINT_URL."""
-    requests.post(f"{moto_url}/moto-api/reset", timeout=10).raise_for_status()
+    _reset_moto(moto_url)
     aws_moto.reset()
     empty = tmp_path / "aws-empty"
     empty.write_text("")
