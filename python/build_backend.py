@@ -86,13 +86,17 @@ def _copy_docker() -> None:
 @contextlib.contextmanager
 def _staged():
     """The collection and docker inputs copied in while building from a clone, and removed
-    after, so that the clone's editable install never finds a stale copy in src/; the
-    editable install's record of the clone is kept out of the build and put back."""
+    after, so that the clone's editable install never finds a stale copy in src/.
+
+    The editable install's record of the clone (`_source_tree`) stays where it is: MANIFEST.in
+    and pyproject's exclude-package-data keep it out of the sdist and the wheel, and
+    paths.collection_root() reads it before the staged copy, so a dscluster command running
+    from this clone while a build stages and removes the copy (make test's installed lane
+    beside the e2e lanes) keeps the clone's files. It used to be moved aside for the build,
+    and a command started in that window took the staged copy and lost it mid-run."""
     if not _from_clone():
         yield
         return
-    editable = SOURCE_TREE.read_text(encoding="utf-8") if SOURCE_TREE.is_file() else None
-    SOURCE_TREE.unlink(missing_ok=True)
     try:
         _copy_collection()
         _copy_docker()
@@ -100,8 +104,6 @@ def _staged():
     finally:
         shutil.rmtree(COLLECTION, ignore_errors=True)
         shutil.rmtree(DOCKER, ignore_errors=True)
-        if editable is not None:
-            SOURCE_TREE.write_text(editable, encoding="utf-8")
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):

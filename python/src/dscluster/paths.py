@@ -3,9 +3,10 @@
 Three places, each with one rule, none found by walking up from this file:
 
 * the collection `dscluster.cluster` (roles, playbooks): `DSCLUSTER_COLLECTION` if set, else
-  the copy shipped inside this package (`dscluster/_collection/...`, put there when the wheel
-  or sdist is built; an editable install records the clone it came from instead), else an
-  installed one on Ansible's collections path (`ansible-galaxy collection install`);
+  the clone an editable install records (`dscluster/_source_tree`), else the copy shipped
+  inside this package (`dscluster/_collection/...`, put there when the wheel or sdist is
+  built), else an installed one on Ansible's collections path (`ansible-galaxy collection
+  install`);
 * the node image sources (`docker/node`, `base-image.sh`): shipped beside the collection the
   same way (`dscluster/_docker`), or the clone's `docker/`;
 * the user's inventories: `<home>/inventories/<name>`, home being `--home`, else
@@ -71,7 +72,10 @@ def collection_root() -> pathlib.Path:
                 "(playbooks/site.yml, roles/); point it at one or unset it"
             )
         return path
-    for cand in (_SHIPPED, _editable_root()):
+    # An editable install's clone before the shipped copy: in a clone, the copy exists only
+    # while a wheel or sdist is being built from it (build_backend.py stages it in src/ and
+    # removes it after), and a command that picked it then lost its files mid-run.
+    for cand in (_editable_root(), _SHIPPED):
         if cand is not None and _is_collection(cand):
             return cand.resolve()
     for base in _ansible_collection_paths():
@@ -131,7 +135,10 @@ def playbook(name: str) -> pathlib.Path:
 
 def docker_dir() -> pathlib.Path:
     """The node image's build inputs: docker/node and base-image.sh (and docker/bake)."""
-    for cand in (_SHIPPED_DOCKER, collection_root() / "docker"):
+    clone = collection_root() / "docker"
+    # The clone's own first where this is an editable install (see collection_root).
+    order = (clone, _SHIPPED_DOCKER) if _editable_root() else (_SHIPPED_DOCKER, clone)
+    for cand in order:
         if (cand / "node").is_dir() and (cand / "base-image.sh").is_file():
             return cand
     raise DsclusterError(
