@@ -92,8 +92,7 @@ def _staged():
     and pyproject's exclude-package-data keep it out of the sdist and the wheel, and
     paths.collection_root() reads it before the staged copy, so a dscluster command running
     from this clone while a build stages and removes the copy (make test's installed lane
-    beside the e2e lanes) keeps the clone's files. It used to be moved aside for the build,
-    and a command started in that window took the staged copy and lost it mid-run."""
+    beside the e2e lanes) keeps the clone's files."""
     if not _from_clone():
         yield
         return

@@ -9,12 +9,16 @@ import pytest
 from dscluster import paths
 
 
+def _node_sources(docker: pathlib.Path) -> None:
+    (docker / "node").mkdir(parents=True)
+    (docker / "base-image.sh").write_text("#!/bin/sh\n")
+
+
 def _collection(root: pathlib.Path) -> pathlib.Path:
     (root / "playbooks").mkdir(parents=True)
     (root / "playbooks" / "site.yml").write_text("---\n")
     (root / "roles").mkdir()
-    (root / "docker" / "node").mkdir(parents=True)
-    (root / "docker" / "base-image.sh").write_text("#!/bin/sh\n")
+    _node_sources(root / "docker")
     return root
 
 
@@ -41,8 +45,7 @@ def test_an_editable_clone_wins_over_a_copy_staged_by_a_build(layout, tmp_path):
     clone = _collection(tmp_path / "clone")
     (package / "_source_tree").write_text(f"{clone}\n")
     _collection(shipped)
-    (package / "_docker" / "node").mkdir(parents=True)
-    (package / "_docker" / "base-image.sh").write_text("#!/bin/sh\n")
+    _node_sources(package / "_docker")
     assert paths.collection_root() == clone.resolve()
     assert paths.docker_dir() == clone.resolve() / "docker"
 
@@ -50,8 +53,7 @@ def test_an_editable_clone_wins_over_a_copy_staged_by_a_build(layout, tmp_path):
 def test_an_installed_wheel_uses_its_shipped_copy(layout):
     package, shipped = layout
     _collection(shipped)
-    (package / "_docker" / "node").mkdir(parents=True)
-    (package / "_docker" / "base-image.sh").write_text("#!/bin/sh\n")
+    _node_sources(package / "_docker")
     assert paths.collection_root() == shipped.resolve()
     assert paths.docker_dir() == package / "_docker"
 
