@@ -184,12 +184,38 @@ def problem(name: str, value: Any, rule: Mapping[str, Any]) -> str:
     return text
 
 
+def file_missing(rule: Mapping[str, Any], value: Any) -> bool:
+    """A `controller_file` rule's path (~ expanded) that is not a file on this machine; ""
+    names none. Apart from value_ok, which says how a value is written, not what exists."""
+    if not rule.get("controller_file") or not isinstance(value, str) or not value:
+        return False
+    return not os.path.isfile(os.path.expanduser(value))
+
+
+def file_problem(name: str, value: Any, rule: Mapping[str, Any]) -> str:
+    """`<name> is <value> (no such file on the controller); it must be ..., e.g. ...`."""
+    return problem(name, value, rule).replace(
+        f" is {show(value)};", f" is {show(value)} (no such file on the controller);", 1
+    )
+
+
+def _value_problem(name: str, value: Any, rule: Mapping[str, Any]) -> str | None:
+    """The line for a value that breaks its rule or names a missing file, else None."""
+    if is_template(value):
+        return None
+    if not value_ok(rule, value):
+        return problem(name, value, rule)
+    if file_missing(rule, value):
+        return file_problem(name, value, rule)
+    return None
+
+
 def check_value(name: str, value: Any) -> None:
     """Raise when one variable's value breaks its rule (templates and unknown names pass)."""
     rule = variables().get(name)
-    if rule is None or is_template(value) or value_ok(rule, value):
-        return
-    raise DsclusterError(problem(name, value, rule))
+    text = None if rule is None else _value_problem(name, value, rule)
+    if text is not None:
+        raise DsclusterError(text)
 
 
 def _var_files(inv: Inventory, host: str) -> list[pathlib.Path]:
@@ -261,11 +287,12 @@ def variable_problems(inv: Inventory) -> list[str]:
             k for k in hv if isinstance(k, str) and (k.startswith(PREFIX) or k in rules)
         ):
             value = hv[name]
+            text: str | None = None
             if name not in known:
                 text = _unknown(name, sorted(known))
-            elif name in rules and not is_template(value) and not value_ok(rules[name], value):
-                text = problem(name, value, rules[name])
-            else:
+            elif name in rules:
+                text = _value_problem(name, value, rules[name])
+            if text is None:
                 continue
             found.setdefault((name, text), ([], value))[0].append(host)
     lines = []

@@ -124,6 +124,34 @@ def test_every_rule_is_complete():
         ("base_extra_packages", [3], False),
         ("base_extra_packages", [None], False),
         ("base_extra_packages", {"htop": True}, False),
+        ("ml_stack_extra_requirements", [], True),
+        (
+            "ml_stack_extra_requirements",
+            [
+                "transformers==4.57.1",
+                "accelerate>=1.0,<2",
+                "datasets[audio] == 4.4.1",
+                "lightning==2.5.5; python_version >= '3.9'",
+                "mypkg @ https://example.org/mypkg-1.0-py3-none-any.whl",
+                "torchmetrics",
+            ],
+            True,
+        ),
+        ("ml_stack_extra_requirements", "transformers==4.57.1", False),
+        ("ml_stack_extra_requirements", ["-r requirements.txt"], False),
+        ("ml_stack_extra_requirements", ["--index-url=https://x"], False),
+        ("ml_stack_extra_requirements", [""], False),
+        ("ml_stack_extra_requirements", ["transformers 4.57.1"], False),
+        ("ml_stack_extra_requirements", ["transformers==4.57.1\naccelerate"], False),
+        ("ml_stack_extra_requirements", [4.57], False),
+        ("ml_stack_requirements_file", "", True),
+        ("ml_stack_requirements_file", "/srv/req.txt", True),
+        ("ml_stack_requirements_file", "~/project/requirements.txt", True),
+        ("ml_stack_requirements_file", "requirements.txt", False),
+        ("ml_stack_requirements_file", ["/srv/req.txt"], False),
+        ("ml_stack_uv_compile_args", ["--index-url", "https://mirror.example/simple"], True),
+        ("ml_stack_uv_compile_args", "--index-url https://mirror.example/simple", False),
+        ("ml_stack_pip_download_args", ["--index-url", ""], False),
     ],
 )
 def test_value_rules(name, value, ok):
@@ -162,6 +190,30 @@ def test_check_inventory_lists_every_problem_and_says_every_host(tmp_path):
     assert "2 hosts in group 'head' (n1, n2)" in msg
     assert "dscluster_master_port on every host is 0; it must be a TCP port" in msg
     assert "dscluster_cpu_slot on every host is not a dscluster variable (did you mean " in msg
+
+
+def test_a_controller_file_rule_needs_the_file_on_the_controller(tmp_path, monkeypatch):
+    """ml_stack_requirements_file: written right but missing is refused, naming the value and
+    that it is missing; an existing file, ~ expanded, and "" pass."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "req.txt").write_text("transformers==4.57.1\n")
+    for good in ("", str(tmp_path / "req.txt"), "~/req.txt"):
+        rules.check_inventory(make_inv(tmp_path, {"n1": {"ml_stack_requirements_file": good}}))
+    missing = str(tmp_path / "nope.txt")
+    every = {h: {"ml_stack_requirements_file": missing} for h in ("n1", "n2", "n3")}
+    inv = make_inv(tmp_path, every)
+    with pytest.raises(DsclusterError) as exc:
+        rules.check_inventory(inv)
+    assert str(exc.value).startswith(
+        f"ml_stack_requirements_file on every host is {missing!r} (no such file on the "
+        "controller); it must be"
+    )
+    with pytest.raises(DsclusterError, match=r"'~/nope.txt' \(no such file on the controller\)"):
+        rules.check_value("ml_stack_requirements_file", "~/nope.txt")
+    # A relative path is refused for how it is written, not as a missing file.
+    with pytest.raises(DsclusterError) as exc:
+        rules.check_value("ml_stack_requirements_file", "req.txt")
+    assert "no such file" not in str(exc.value)
 
 
 def test_site_variables_listed_in_extra_known_vars_pass(tmp_path):

@@ -165,6 +165,53 @@ def test_base_extra_packages_must_be_a_list_of_package_names_per_host(tmp_path):
     assert not any("h4" in ln or "h5" in ln for ln in lines), lines
 
 
+def test_the_user_layer_is_refused_before_any_node(tmp_path):
+    """ml_stack's user layer (files/rules.yml): a string instead of a list, a pip option as
+    an item, a relative or missing requirements file and a string of index arguments are each
+    refused by the first play (the ml_stack play would fail on them minutes later, after the
+    base play changed the nodes); hosts that disagree on the layer are refused too."""
+    lock = tmp_path / "requirements.txt"
+    lock.write_text("transformers==4.57.1\n")
+    rc, out = validate(
+        tmp_path,
+        {},
+        host_vars={
+            "h1": {"ml_stack_extra_requirements": "transformers==4.57.1"},
+            "h2": {"ml_stack_extra_requirements": ["-r requirements.txt"]},
+            "h3": {"ml_stack_requirements_file": "requirements.txt"},
+            "h4": {"ml_stack_requirements_file": str(tmp_path / "missing.txt")},
+            "h5": {"ml_stack_uv_compile_args": "--index-url https://mirror.example/simple"},
+        },
+    )
+    assert rc != 0
+    lines = problems(out)
+    for host, text in (
+        ("h1", 'ml_stack_extra_requirements is "transformers==4.57.1"; it must be a list of'),
+        ("h2", 'ml_stack_extra_requirements is ["-r requirements.txt"]; it must be a list of'),
+        ("h3", 'ml_stack_requirements_file is "requirements.txt"; it must be "" for none, or'),
+        ("h4", f'ml_stack_requirements_file is "{tmp_path / "missing.txt"}" (no such file on the '
+         "controller); it must be"),
+        ("h5", 'ml_stack_uv_compile_args is "--index-url https://mirror.example/simple"; it'),
+    ):  # fmt: skip
+        assert any(f"on {host}: {text}" in ln for ln in lines), (host, text, lines)
+    assert any(ln.startswith("[") and "ml_stack_extra_requirements differs" in ln for ln in lines)
+    # The same variables, well formed and the same on every host: no problem.
+    good = {
+        "ml_stack_extra_requirements": [
+            "transformers==4.57.1",
+            "accelerate>=1.0,<2",
+            "datasets[audio] == 4.4.1",
+            "lightning==2.5.5; python_version >= '3.9'",
+            "mypkg @ https://example.org/mypkg-1.0-py3-none-any.whl",
+        ],
+        "ml_stack_requirements_file": str(lock),
+        "ml_stack_uv_compile_args": ["--index-url", "https://mirror.example/simple"],
+        "ml_stack_pip_download_args": [],
+    }
+    rc, out = validate(tmp_path, good)
+    assert rc == 0, problems(out)
+
+
 def test_cpu_slots_refuses_bools_floats_strings_and_zero_per_host(tmp_path):
     rc, out = validate(
         tmp_path,

@@ -209,6 +209,22 @@ _BAD: list[tuple[str, Callable[[pathlib.Path], None], str, str]] = [
      "group_vars/workers.yml", "fix the YAML"),
     ("group-vars-a-list", var_file("group_vars/all.yml", "- dscluster_cpu_slots: 2\n"),
      "group_vars/all.yml", "must be a mapping of variables"),
+    # ml_stack's user layer: refused before the first play, not minutes into the ml_stack play.
+    ("extra-requirements-string",
+     inventory({"ml_stack_extra_requirements": "transformers==4.57.1"}),
+     "'transformers==4.57.1' (a string)", 'ml_stack_extra_requirements: ["transformers==4.57.1"'),
+    ("extra-requirements-option-item",
+     var_file("group_vars/all.yml", "ml_stack_extra_requirements: ['-r requirements.txt']\n"),
+     "item '-r requirements.txt' is not a requirement", "goes in ml_stack_requirements_file"),
+    ("requirements-file-relative", inventory({"ml_stack_requirements_file": "requirements.txt"}),
+     "'requirements.txt'", "the absolute path (~ allowed)"),
+    ("requirements-file-missing",
+     inventory({"ml_stack_requirements_file": "/nonexistent/dscluster/requirements.txt"}),
+     "'/nonexistent/dscluster/requirements.txt' (no such file on the controller)",
+     "a file on the controller"),
+    ("uv-compile-args-string",
+     inventory({"ml_stack_uv_compile_args": "--index-url https://mirror.example/simple"}),
+     "'--index-url https://mirror.example/simple' (a string)", "one argument per item"),
 ]  # fmt: skip
 
 
