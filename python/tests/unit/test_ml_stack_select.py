@@ -74,6 +74,40 @@ def test_the_ranks_a_node_runs_decide_whether_the_install_compiles_a_jobs_byteco
     assert sel["node_ranks"] == 8  # the GPUs, not the CPU slots
 
 
+def test_a_converged_node_seeds_its_bytecode_again_only_when_it_now_runs_more_ranks():
+    """__ml_stack_seed_needed: a converged node (venv ready, prefix directory there) skips the
+    seed, unless it now runs several ranks and its ml_stack fact says the prefix lacks a job's
+    imports (dscluster_cpu_slots raised after the install); the fact then records the warm-up
+    (__ml_stack_pycache_warm), so the next run skips it again."""
+
+    def seed(slots: int, recorded: dict | None, **more) -> dict:
+        local = {"accelerators": {"kind": "cpu", "count": 0}}
+        if recorded is not None:
+            local["ml_stack"] = {"pycache_dir": "/opt/dscluster/pycache", **recorded}
+        extra = {"ansible_local": local, "dscluster_cpu_slots": slots, "__ml_stack_ready": True}
+        rc, sel, out = select(extra | more)
+        assert rc == 0, out
+        return {"needed": sel["seed_needed"], "warm": sel["pycache_warm"]}
+
+    # converged with one rank a node: nothing to seed, nothing recorded as warm
+    assert seed(1, {}) == {"needed": False, "warm": False}
+    # cpu_slots raised to 2 after the install: seed once, with the warm-up, and record it
+    assert seed(2, {})["needed"] is True
+    assert seed(2, {"pycache_warm": False})["needed"] is True
+    assert seed(2, {}, __ml_stack_seed=True)["warm"] is True
+    # the next run reads the fact: nothing to do
+    assert seed(2, {"pycache_warm": True}) == {"needed": False, "warm": True}
+    # back to one rank: no seed; the prefix keeps what it has
+    assert seed(1, {"pycache_warm": True}) == {"needed": False, "warm": True}
+    # a seed with one rank (venv installed again) does not warm
+    assert seed(1, {"pycache_warm": True}, __ml_stack_seed=True)["warm"] is False
+    # the venv installed or read again, or a new prefix directory: seed
+    assert seed(1, {}, __ml_stack_ready=False)["needed"] is True
+    assert seed(1, {}, __ml_stack_dirs={"changed": True})["needed"] is True
+    # no prefix: never
+    assert seed(4, {}, ml_stack_pycache_dir="")["needed"] is False
+
+
 @pytest.mark.parametrize(("cuda", "variant"), [("12.8.1", "cu128"), ("12.6", "cu126")])
 def test_gpu_build_host_gets_the_torch_of_its_cuda(cuda, variant):
     rc, sel, out = select(facts(accelerators={"kind": "cuda", "count": 4}, nvidia={"cuda": cuda}))
