@@ -1,0 +1,71 @@
+"""cluster_ssh's controller side (tasks/install.yml): the key directory and the cluster key
+pair are made by their modules, and skipped on a re-converge only while one `stat` says the
+directory is 0700 and both halves of the key pair are there at 0600 (a changed mode or a
+missing key pair runs the modules again, which mend it)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import sys
+
+from .. import rolefiles
+
+PLAYBOOK = pathlib.Path(__file__).parent / "playbooks" / "cluster_ssh_controller_keys.yml"
+TASKS = ("Create the controller key directory", "Make the cluster key pair on the controller")
+
+
+def run(key_dir: pathlib.Path) -> tuple[dict, dict[str, str]]:
+    """One run: what was ready afterwards, and each task's status ('changed', 'ok', 'skipping')."""
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(rolefiles.ROLES))
+    extra = {
+        "ansible_python_interpreter": sys.executable,
+        "dscluster_state_dir": str(key_dir),
+        "cluster_ssh_key_dir": str(key_dir),
+    }
+    rc, keys, out = rolefiles.run_local_play(PLAYBOOK, extra, "KEYS", env=env)
+    assert rc == 0 and keys is not None, out
+    status = {}
+    for name in TASKS:
+        block = out.split(f"TASK [cluster_ssh : {name}]", 1)[1]
+        found = re.search(r"^(changed|ok|skipping):", block, re.M)
+        assert found, block[:2000]
+        status[name] = found.group(1)
+    return keys, status
+
+
+def modes(key_dir: pathlib.Path) -> list[str]:
+    paths = [key_dir, key_dir / "cluster_ed25519", key_dir / "cluster_ed25519.pub"]
+    return [oct(p.stat().st_mode & 0o777) for p in paths]
+
+
+def test_the_key_pair_is_made_once_then_skipped_until_a_mode_or_a_half_differs(tmp_path):
+    key_dir = tmp_path / "state"
+    keys, status = run(key_dir)
+    assert set(status.values()) == {"changed"}
+    assert modes(key_dir) == ["0o700", "0o600", "0o600"]
+    private = (key_dir / "cluster_ed25519").read_bytes()
+    # converged: both modules skipped (the stat says so), nothing touched
+    keys, status = run(key_dir)
+    assert keys["ready_after"] is True
+    assert set(status.values()) == {"skipping"}
+    # a directory opened to others: the file module closes it again
+    key_dir.chmod(0o755)
+    _, status = run(key_dir)
+    assert status["Create the controller key directory"] == "changed"
+    assert modes(key_dir)[0] == "0o700"
+    # the public half left at another mode: the keypair module puts it back, the key kept
+    (key_dir / "cluster_ed25519.pub").chmod(0o644)
+    _, status = run(key_dir)
+    assert status["Make the cluster key pair on the controller"] == "changed"
+    assert modes(key_dir) == ["0o700", "0o600", "0o600"]
+    assert (key_dir / "cluster_ed25519").read_bytes() == private
+    _, status = run(key_dir)
+    assert set(status.values()) == {"skipping"}
+    # the key pair gone (a new state directory's): made again
+    for half in ("cluster_ed25519", "cluster_ed25519.pub"):
+        (key_dir / half).unlink()
+    _, status = run(key_dir)
+    assert status["Make the cluster key pair on the controller"] == "changed"
+    assert modes(key_dir) == ["0o700", "0o600", "0o600"]
