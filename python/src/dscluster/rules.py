@@ -172,31 +172,24 @@ def value_ok(rule: Mapping[str, Any], value: Any) -> bool:
     return all(checks) and _entry_problem(rule, value) is None
 
 
-def problem(name: str, value: Any, rule: Mapping[str, Any]) -> str:
-    """`<name> is <value> (<kind>); it must be ..., e.g. ...` (no host, no file)."""
-    what = "" if _type_ok(rule, value) else f" ({kind(value)})"
-    if not what:
-        detail = _entry_problem(rule, value)
-        what = f" ({detail})" if detail else ""
+def problem(name: str, value: Any, rule: Mapping[str, Any], detail: str | None = None) -> str:
+    """`<name> is <value> (<kind>); it must be ..., e.g. ...` (no host, no file). `detail`,
+    when given, is what the parentheses say instead of the kind or the first bad entry."""
+    if detail is None:
+        detail = kind(value) if not _type_ok(rule, value) else _entry_problem(rule, value)
+    what = f" ({detail})" if detail else ""
     text = f"{name} is {show(value)}{what}; it must be {rule['must']}, e.g. {rule['example']}"
     if rule.get("fix"):
         text += f" ({rule['fix']})"
     return text
 
 
-def file_missing(rule: Mapping[str, Any], value: Any) -> bool:
+def _file_missing(rule: Mapping[str, Any], value: Any) -> bool:
     """A `controller_file` rule's path (~ expanded) that is not a file on this machine; ""
     names none. Apart from value_ok, which says how a value is written, not what exists."""
     if not rule.get("controller_file") or not isinstance(value, str) or not value:
         return False
     return not os.path.isfile(os.path.expanduser(value))
-
-
-def file_problem(name: str, value: Any, rule: Mapping[str, Any]) -> str:
-    """`<name> is <value> (no such file on the controller); it must be ..., e.g. ...`."""
-    return problem(name, value, rule).replace(
-        f" is {show(value)};", f" is {show(value)} (no such file on the controller);", 1
-    )
 
 
 def _value_problem(name: str, value: Any, rule: Mapping[str, Any]) -> str | None:
@@ -205,8 +198,8 @@ def _value_problem(name: str, value: Any, rule: Mapping[str, Any]) -> str | None
         return None
     if not value_ok(rule, value):
         return problem(name, value, rule)
-    if file_missing(rule, value):
-        return file_problem(name, value, rule)
+    if _file_missing(rule, value):
+        return problem(name, value, rule, detail="no such file on the controller")
     return None
 
 
