@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Print this node's versions manifest as JSON (run with the cluster venv's python).
 
-  record_versions.py WHEELHOUSE [USER_WHEELHOUSE [TOOLS_VENV]]
+  record_versions.py WHEELHOUSE [USER_WHEELHOUSE [TOOLS_VENV [DIR...]]]
 
 Recorded by the ml_stack role into /etc/ansible/facts.d/ml_stack.fact and compared across
 nodes by the verify step and by `dscluster doctor`: any difference is skew. The role also
 reads it before installing: a node whose manifest already matches the controller's locks
 skips the install (the venv's lock copies, the tools layer's uv and these scripts' own
-digests are in it for that).
+digests are in it for that). That reading also names DIRs (the torch extensions and bytecode
+directories): their {isdir, owner, mode}, or null, are added as "dirs", so the role skips
+making them where they stand (the recorded manifest names none).
 
 Wheel digests are kept in the venv (HASH_CACHE) with each file's size and mtime, so a
 re-converge does not read every wheel (torch alone is hundreds of MB) again. What only an
@@ -24,8 +26,10 @@ import json
 import os
 import pathlib
 import platform
+import pwd
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -238,10 +242,25 @@ def stack_versions() -> dict:
     return versions
 
 
+def dir_state(path: str) -> dict | None:
+    """A directory as the file module's owner and mode read it; None where nothing is there."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = str(st.st_uid)
+    mode = f"{stat.S_IMODE(st.st_mode):04o}"
+    return {"isdir": stat.S_ISDIR(st.st_mode), "owner": owner, "mode": mode}
+
+
 def main() -> int:
     wheelhouse = pathlib.Path(sys.argv[1])
     user_dir = pathlib.Path(sys.argv[2]) if len(sys.argv) > 2 else None
     tools_venv = pathlib.Path(sys.argv[3]) if len(sys.argv) > 3 else None
+    dirs = sys.argv[4:]
 
     lock = wheelhouse / "requirements.lock"
     manifest = {
@@ -270,6 +289,8 @@ def main() -> int:
     manifest["scripts"] = {
         name: file_sha256(here / name) for name in ("record_versions.py", "install_bench.py")
     }
+    if dirs:
+        manifest["dirs"] = {path: dir_state(path) for path in dirs}
     json.dump(manifest, sys.stdout, indent=2, sort_keys=True)
     sys.stdout.write("\n")
     return 0
