@@ -14,10 +14,12 @@ from .. import rolefiles
 
 PLAYBOOK = pathlib.Path(__file__).parent / "playbooks" / "cluster_ssh_controller_keys.yml"
 TASKS = ("Create the controller key directory", "Make the cluster key pair on the controller")
+CLOSE = "Close the cluster private key to its owner"
 
 
-def run(key_dir: pathlib.Path) -> tuple[dict, dict[str, str]]:
-    """One run: what was ready afterwards, and each task's status ('changed', 'ok', 'skipping')."""
+def run(key_dir: pathlib.Path, tasks: tuple[str, ...] = TASKS) -> tuple[dict, dict[str, str]]:
+    """One run: what was ready afterwards, and the status of each of tasks ('changed', 'ok',
+    'skipping')."""
     env = dict(os.environ, ANSIBLE_ROLES_PATH=str(rolefiles.ROLES))
     extra = {
         "ansible_python_interpreter": sys.executable,
@@ -27,7 +29,7 @@ def run(key_dir: pathlib.Path) -> tuple[dict, dict[str, str]]:
     rc, keys, out = rolefiles.run_local_play(PLAYBOOK, extra, "KEYS", env=env)
     assert rc == 0 and keys is not None, out
     status = {}
-    for name in TASKS:
+    for name in tasks:
         block = out.split(f"TASK [cluster_ssh : {name}]", 1)[1]
         found = re.search(r"^(changed|ok|skipping):", block, re.M)
         assert found, block[:2000]
@@ -69,3 +71,23 @@ def test_the_key_pair_is_made_once_then_skipped_until_a_mode_or_a_half_differs(t
     _, status = run(key_dir)
     assert status["Make the cluster key pair on the controller"] == "changed"
     assert modes(key_dir) == ["0o700", "0o600", "0o600"]
+
+
+def test_a_private_key_open_to_others_is_closed_not_regenerated(tmp_path):
+    """ssh-keygen will not read a private key others can read, so the key pair module stopped
+    on it ("protected with a passphrase or broken") and suggested a new key: the key is
+    closed to its owner first, and kept."""
+    key_dir = tmp_path / "state"
+    _, status = run(key_dir, (*TASKS, CLOSE))
+    assert status[CLOSE] == "skipping"  # no key yet: the module makes it at 0600
+    private = (key_dir / "cluster_ed25519").read_bytes()
+    (key_dir / "cluster_ed25519").chmod(0o644)
+    keys, status = run(key_dir, (*TASKS, CLOSE))
+    assert status[CLOSE] == "changed"
+    # the stat is read again for the next task: the pair now stands, the module is not run
+    assert status["Make the cluster key pair on the controller"] == "skipping"
+    assert keys["ready_after"] is True
+    assert modes(key_dir) == ["0o700", "0o600", "0o600"]
+    assert (key_dir / "cluster_ed25519").read_bytes() == private
+    _, status = run(key_dir, (*TASKS, CLOSE))
+    assert set(status.values()) == {"skipping"}
