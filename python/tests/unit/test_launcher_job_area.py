@@ -95,7 +95,9 @@ def test_on_shared_storage_the_writers_reading_decides_the_job_area(tmp_path):
     # on shared storage the checkpoint directory's parent is not made as a node-local one
     assert status == {PARENTS: "changed", SCRATCH: "changed", AREA: "changed"}
     assert mode(jobs) == "0o755"
-    _, status = run(tmp_path, storage="nfs")
+    seen, status = run(tmp_path, storage="nfs")
+    # the shared writer reads the job area (a node that is not the writer leaves it out)
+    assert seen[str(jobs)] == {"isdir": True, "owner": USER, "mode": "0755"}
     assert set(status.values()) == {"skipping"}
     jobs.rmdir()
     _, status = run(tmp_path, storage="nfs")
