@@ -132,7 +132,7 @@ def short_args(args: str, width: int = 120) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def still_running(lines: list[str], hosts: Sequence[str] = (), within: int = 3) -> str:
+def still_running(lines: list[str], hosts: Sequence[str] = (), within: int = 10) -> str:
     """The watcher's verdict on survey lines: which ranks still ran, on which node, first
     process of each (host, rank) only (a rank's own children carry its environment); and
     the hosts surveyed that did not answer to the end (what runs there is not known)."""
@@ -287,10 +287,11 @@ class Watch:
     def _survey(self) -> None:
         """At the time limit, before anything is killed: name the ranks still running (a
         rank hung at exit or in a collective), so the error names the node, not only 124."""
-        # short: `timeout --kill-after=30` (launch.yml) leaves the watcher 30 s for this
-        # (pdsh -u 3, at most 8 s), the launcher's end (term_wait, 5 s) and the reaping
-        # (reap_timeout 6, at most 11 s): 24 s at worst
-        hosts, within = self._reachable(), 3
+        # `timeout --kill-after=45` (launch.yml) leaves the watcher 45 s for this (pdsh -u
+        # survey_timeout, 10: at most 15 s), the launcher's end (term_wait, 5 s) and the
+        # reaping (reap_timeout 6, at most 11 s): 31 s at worst. 3 s was too short on a
+        # loaded 2-core machine: every node went unanswered and no rank was named.
+        hosts, within = self._reachable(), self.args.survey_timeout
         command = survey_command(self.args.marker)
         lines = self._pdsh(hosts, command, within, doing="look for the ranks still running")
         if lines is not None:
@@ -309,6 +310,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--grace", type=float, default=10.0, help="seconds after a node is lost")
     parser.add_argument("--term-wait", type=float, default=5.0, help="seconds after SIGTERM")
     parser.add_argument("--reap-timeout", type=int, default=6, help="pdsh -u for the reaping")
+    parser.add_argument(
+        "--survey-timeout", type=int, default=10, help="pdsh -u for the survey at the time limit"
+    )
     parser.add_argument("--marker", required=True, help="KEY=VALUE set in the job's environment")
     parser.add_argument("--hosts", required=True, help="the job's nodes, comma-separated")
     parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- launcher argv")
