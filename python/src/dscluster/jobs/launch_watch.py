@@ -105,6 +105,8 @@ STILL_RUNNING = "still running at the time limit: "
 NONE_RUNNING = "no rank was still running at the time limit"
 # survey_command's last line on every node that ran it to the end
 SURVEYED = "dscluster-surveyed"
+# pdsh -u for that survey (--survey-timeout), and the seconds its verdict names
+SURVEY_TIMEOUT_S = 10
 
 
 def survey_command(marker: str) -> str:
@@ -132,7 +134,9 @@ def short_args(args: str, width: int = 120) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def still_running(lines: list[str], hosts: Sequence[str] = (), within: int = 10) -> str:
+def still_running(
+    lines: list[str], hosts: Sequence[str] = (), within: int = SURVEY_TIMEOUT_S
+) -> str:
     """The watcher's verdict on survey lines: which ranks still ran, on which node, first
     process of each (host, rank) only (a rank's own children carry its environment); and
     the hosts surveyed that did not answer to the end (what runs there is not known)."""
@@ -288,9 +292,9 @@ class Watch:
         """At the time limit, before anything is killed: name the ranks still running (a
         rank hung at exit or in a collective), so the error names the node, not only 124."""
         # `timeout --kill-after=45` (launch.yml) leaves the watcher 45 s for this (pdsh -u
-        # survey_timeout, 10: at most 15 s), the launcher's end (term_wait, 5 s) and the
-        # reaping (reap_timeout 6, at most 11 s): 31 s at worst. 3 s was too short on a
-        # loaded 2-core machine: every node went unanswered and no rank was named.
+        # survey_timeout, default SURVEY_TIMEOUT_S 10: at most 15 s), the launcher's end
+        # (term_wait, 5 s) and the reaping (reap_timeout 6, at most 11 s): 31 s at worst.
+        # 3 s was too short on a loaded 2-core machine: no node answered, no rank was named.
         hosts, within = self._reachable(), self.args.survey_timeout
         command = survey_command(self.args.marker)
         lines = self._pdsh(hosts, command, within, doing="look for the ranks still running")
@@ -311,7 +315,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--term-wait", type=float, default=5.0, help="seconds after SIGTERM")
     parser.add_argument("--reap-timeout", type=int, default=6, help="pdsh -u for the reaping")
     parser.add_argument(
-        "--survey-timeout", type=int, default=10, help="pdsh -u for the survey at the time limit"
+        "--survey-timeout",
+        type=int,
+        default=SURVEY_TIMEOUT_S,
+        help="pdsh -u for the survey at the time limit",
     )
     parser.add_argument("--marker", required=True, help="KEY=VALUE set in the job's environment")
     parser.add_argument("--hosts", required=True, help="the job's nodes, comma-separated")
