@@ -93,6 +93,12 @@ TAMPERED = {
         'echo "127.0.1.1 $(hostname)" >> /etc/hosts'
     ),
     "base : Create the training user": "usermod --shell /bin/sh ds",
+    # writable by others: sshd's StrictModes refuses every key in it, and authorized_key
+    # leaves a file that already holds the key as it is (before: "Permission denied" at the
+    # login check)
+    "cluster_ssh : Close authorized_keys to the SSH user": (
+        "chmod 666 /home/ds/.ssh/authorized_keys"
+    ),
     "node_facts : Install the accelerators fact": (
         "echo '# edited' >> /etc/ansible/facts.d/accelerators.fact"
     ),
@@ -104,8 +110,9 @@ TAMPERED = {
 
 
 def test_a_tampered_node_is_written_again_and_only_there(cluster: pathlib.Path):
-    """The skips decided on the roles' readings (base, node_facts, nccl_env, ml_stack) still
-    write what was changed by hand on one node, and nothing on the others."""
+    """The skips decided on the roles' readings (base, node_facts, cluster_ssh, nccl_env,
+    ml_stack; the base play's tag takes in node_facts and cluster_ssh) still write what was
+    changed by hand on one node, and nothing on the others."""
     host = f"{cluster.name}-n2"
     for script in TAMPERED.values():
         sh(f"dsc-{host}", script)
@@ -117,9 +124,18 @@ def test_a_tampered_node_is_written_again_and_only_there(cluster: pathlib.Path):
         "stat -c %a /etc/hosts; grep -c '^127.0.1.1' /etc/hosts || true; "
         "grep -c NCCL_SOCKET_IFNAME=ib9 /etc/nccl.conf || true; getent passwd ds | cut -d: -f7; "
         "grep -c '^# edited' /etc/ansible/facts.d/accelerators.fact || true; "
-        'grep -o \'"venv": "[^"]*"\' /etc/ansible/facts.d/ml_stack.fact',
+        'grep -o \'"venv": "[^"]*"\' /etc/ansible/facts.d/ml_stack.fact; '
+        "stat -c %a /home/ds/.ssh/authorized_keys",
     ).split("\n")
-    assert after[:6] == ["644", "0", "0", "/bin/bash", "0", '"venv": "/opt/dscluster/venv"'], after
+    assert after[:7] == [
+        "644",
+        "0",
+        "0",
+        "/bin/bash",
+        "0",
+        '"venv": "/opt/dscluster/venv"',
+        "600",
+    ], after
     block = sh(f"dsc-{host}", "sed -n '/# BEGIN dscluster/,/# END dscluster/p' /etc/hosts")
     assert [line.split()[1] for line in block.splitlines()[1:-1]] == [
         f"{cluster.name}-n{i}" for i in (1, 2, 3)
