@@ -252,3 +252,30 @@ def test_cuda_arch_list_with_an_arch_suffix_is_refused_before_any_node(tmp_path)
     assert 'e.g. ml_stack_cuda_arch_list: "8.0;9.0"' in line
     rc, out = validate(tmp_path, {"ml_stack_cuda_arch_list": "8.0 8.6;9.0+PTX"})
     assert rc == 0, out
+
+
+def test_unknown_variables_and_disagreeing_hosts_are_named_per_host(tmp_path):
+    """A typo is named on the host that has it (a site variable in the extra list passes); a
+    cluster-wide variable set on some hosts only passes, two values on two hosts do not; a
+    templated value is checked as Ansible renders it."""
+    rc, out = validate(
+        tmp_path,
+        {"validate_inventory_extra_known_vars": ["dscluster_site_proxy"]},
+        host_vars={
+            "h1": {"dscluster_cpu_slot": 2, "dscluster_site_proxy": "http://proxy:3128"},
+            "h2": {"dscluster_shared_dir": "/fsx", "dscluster_training_uid": 2000},
+            "h3": {"dscluster_shared_dir": "/lustre", "dscluster_cpu_slots": "{{ 1 + 1 }}"},
+        },
+    )
+    assert rc != 0
+    assert "The inventory has 2 problem(s)" in out
+    lines = problems(out)
+    typo = "on h1: Unknown variable(s) dscluster_cpu_slot (a typo?)"
+    assert any(ln.startswith("[") and typo in ln for ln in lines), lines
+    differs = "dscluster_shared_dir differs between hosts: h1=(unset), h2=/fsx, h3=/lustre"
+    assert any(differs in ln for ln in lines), lines
+    wrong = ("dscluster_training_uid is", "Unknown variable(s) dscluster_site")
+    assert not any(w in ln for w in wrong for ln in lines), lines
+    rc, out = validate(tmp_path, {}, host_vars={"h1": {}, "h2": {"dscluster_cpu_slots": "{{ 0 }}"}})
+    assert rc != 0
+    assert any("on h2: dscluster_cpu_slots is 0;" in ln for ln in problems(out)), problems(out)
