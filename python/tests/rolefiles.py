@@ -18,7 +18,7 @@ import pathlib
 import subprocess
 import sys
 import types
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 ROLES = REPO / "roles"
@@ -60,10 +60,12 @@ def run_local_play(
     tag: str,
     *,
     env: Mapping[str, str] | None = None,
+    inventory: pathlib.Path | None = None,
 ) -> tuple[int, dict | None, str]:
     """ansible-playbook on localhost (connection local, the repo's ansible.cfg, plain output):
     its rc, the JSON a task printed after `tag ` (None when none did), and the output.
-    env: the environment to start from (default os.environ)."""
+    env: the environment to start from (default os.environ); inventory: an inventory file whose
+    hosts all run locally (default localhost alone; `tagged` reads every host's JSON)."""
     full = dict(os.environ if env is None else env)
     full |= {
         "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
@@ -71,7 +73,8 @@ def run_local_play(
         "ANSIBLE_NOCOLOR": "1",
     }
     ansible = pathlib.Path(sys.executable).parent / "ansible-playbook"
-    argv = [str(ansible), "-i", "localhost,", "-c", "local", str(playbook)]
+    hosts = str(inventory) if inventory is not None else "localhost,"
+    argv = [str(ansible), "-i", hosts, "-c", "local", str(playbook)]
     proc = subprocess.run(
         [*argv, "-e", json.dumps(dict(extravars))],
         capture_output=True,
@@ -81,8 +84,12 @@ def run_local_play(
         check=False,
     )
     out = proc.stdout + proc.stderr
+    return proc.returncode, next(tagged(out, tag), None), out
+
+
+def tagged(out: str, tag: str) -> Iterator[dict]:
+    """Each JSON a play's tasks printed after `tag ` (a debug msg), in the output's order,
+    read as it is reached."""
     for line in out.splitlines():
         if f"{tag} " in line:
-            payload = line.split(f"{tag} ", 1)[1].rstrip('"').replace('\\"', '"')
-            return proc.returncode, json.loads(payload), out
-    return proc.returncode, None, out
+            yield json.loads(line.split(f"{tag} ", 1)[1].rstrip('"').replace('\\"', '"'))

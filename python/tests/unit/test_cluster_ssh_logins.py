@@ -4,42 +4,22 @@ login at once) and the problems its round's output gives, in the play's order.""
 
 from __future__ import annotations
 
-import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import yaml
 
 from .. import rolefiles
 
 PLAYBOOK = pathlib.Path(__file__).parent / "playbooks" / "cluster_ssh_logins.yml"
-ANSIBLE = pathlib.Path(sys.executable).parent / "ansible-playbook"
 
 
 def rounds(tmp_path: pathlib.Path, hosts: dict[str, dict]) -> dict[str, dict]:
     inv = tmp_path / "hosts.yml"
-    data = {"all": {"vars": {"ansible_connection": "local"}, "hosts": hosts}}
-    inv.write_text(yaml.safe_dump(data))
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(rolefiles.REPO / "ansible.cfg"),
-        ANSIBLE_STDOUT_CALLBACK="default",
-        ANSIBLE_NOCOLOR="1",
-    )
-    proc = subprocess.run(
-        [str(ANSIBLE), "-i", str(inv), str(PLAYBOOK)],
-        capture_output=True, text=True, env=env, timeout=300, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    found = {}
-    for raw in proc.stdout.splitlines():
-        line = raw.strip()
-        if line.startswith('"msg": "ROUND '):
-            data = json.loads(json.loads(line[len('"msg": ') :])[len("ROUND ") :])
-            found[data["host"]] = data
-    assert sorted(found) == sorted(hosts), proc.stdout
+    inv.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    rc, _, out = rolefiles.run_local_play(PLAYBOOK, {}, "ROUND", inventory=inv)
+    assert rc == 0, out
+    found = {data["host"]: data for data in rolefiles.tagged(out, "ROUND")}
+    assert sorted(found) == sorted(hosts), out
     return found
 
 
