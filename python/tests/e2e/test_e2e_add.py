@@ -46,6 +46,10 @@ PRUNE = (
     # Slurm's daemons' own state (StateSaveLocation, SlurmdSpoolDir): slurmctld saves it
     # whenever a node's state changes (the worker taken out and back), provision or not
     "/var/lib/slurm",
+    # systemd's timers and their work, on a calendar of their own: a persistent timer's stamp
+    # (e2scrub_all fires Sundays 03:10, dpkg-db-backup at midnight and fills /var/backups)
+    "/var/lib/systemd/timers",
+    "/var/backups",
 )
 
 
