@@ -6,8 +6,11 @@ per wheel, 25 wheels); one archive per node is one transfer and one unpack. Node
 the same wheels (a new cluster, a shared wheelhouse) share an archive. The archives are
 uncompressed (wheels are zip files already); members are owned by root, mode 0644.
 
-Usage: pack_wheels.py SRC_DIR OUT_DIR < JSON
+Usage: pack_wheels.py SRC_DIR OUT_DIR [FILE...] < JSON
 JSON on stdin: a list of lists of wheel file names in SRC_DIR (one list per node).
+FILE: other files of SRC_DIR (the layer's requirements.lock and lock.json) put at the end of
+every archive, after the wheels: unpacked last, as their own copy ran after the wheels' did,
+and one transfer fewer per layer for a node that lacked wheels.
 Prints {"<the sorted names joined by spaces>": "<archive path>", ...}.
 """
 
@@ -19,10 +22,19 @@ import sys
 import tarfile
 
 
-def pack(src: pathlib.Path, out: pathlib.Path, sets: list[list[str]]) -> dict[str, str]:
+def _plain(name: str) -> bool:
+    return bool(name) and "/" not in name and not name.startswith(".")
+
+
+def pack(
+    src: pathlib.Path, out: pathlib.Path, sets: list[list[str]], extra: tuple[str, ...] = ()
+) -> dict[str, str]:
     for name in {name for names in sets for name in names}:  # before any archive is begun
-        if "/" in name or name.startswith(".") or not name.endswith(".whl"):
+        if not _plain(name) or not name.endswith(".whl"):
             raise SystemExit(f"pack_wheels: {name!r} is not a wheel file name")
+    for name in extra:
+        if not _plain(name) or name.endswith(".whl") or not (src / name).is_file():
+            raise SystemExit(f"pack_wheels: {name!r} is not a file of {src} beside the wheels")
     made: dict[str, str] = {}
     for names in sets:
         key = " ".join(sorted(names))
@@ -30,7 +42,7 @@ def pack(src: pathlib.Path, out: pathlib.Path, sets: list[list[str]]) -> dict[st
             continue
         archive = out / f"wheels-{len(made)}.tar"
         with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tar:
-            for name in sorted(names):
+            for name in [*sorted(names), *extra]:
                 path = src / name
                 info = tar.gettarinfo(str(path), arcname=name)
                 info.mode, info.uid, info.gid, info.uname, info.gname = 0o644, 0, 0, "root", "root"
@@ -41,11 +53,12 @@ def pack(src: pathlib.Path, out: pathlib.Path, sets: list[list[str]]) -> dict[st
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3:
+    if len(argv) < 3:
         print(__doc__, file=sys.stderr)
         return 2
     sets = json.load(sys.stdin)
-    print(json.dumps(pack(pathlib.Path(argv[1]), pathlib.Path(argv[2]), sets), sort_keys=True))
+    made = pack(pathlib.Path(argv[1]), pathlib.Path(argv[2]), sets, tuple(argv[3:]))
+    print(json.dumps(made, sort_keys=True))
     return 0
 
 
