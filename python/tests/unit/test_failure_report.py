@@ -13,7 +13,13 @@ import pytest
 
 from dscluster.jobs import launch_watch
 from dscluster.launch import run as launch_run
-from dscluster.launch.watch import last_error, lost_nodes, script_failure, split_prefix
+from dscluster.launch.watch import (
+    ScriptFailure,
+    last_error,
+    lost_nodes,
+    script_failure,
+    split_prefix,
+)
 from dscluster.runner import PlaybookResult
 
 from .clirun import run_cli
@@ -193,6 +199,18 @@ MPI_VERDICT = [
 ]
 
 
+def rank_2_of_n3_failed(log: list[str]) -> ScriptFailure:
+    """The script failure of an mpirun log in which rank 2 (on n3) exited 3."""
+    failure = script_failure(log, HOSTS)
+    assert failure is not None
+    assert (failure.ranks, failure.hosts, failure.why) == (
+        [2],
+        ["n3"],
+        "n3: rank 2 exited with code 3",
+    )
+    return failure
+
+
 @pytest.mark.parametrize(
     ("tag", "error_from"),
     [
@@ -211,17 +229,57 @@ def test_mpirun_rank_error_with_and_without_tag_output(tag, error_from):
         f"{tag}RuntimeError: no data",
         *MPI_VERDICT,
     ]
-    failure = script_failure(log, HOSTS)
-    assert failure is not None
-    assert (failure.ranks, failure.hosts, failure.why) == (
-        [2],
-        ["n3"],
-        "n3: rank 2 exited with code 3",
-    )
+    failure = rank_2_of_n3_failed(log)
     assert failure.error_from == error_from
     assert failure.error_lines[0].endswith("line 9, in <module>")
     assert failure.error_lines[-1] == "RuntimeError: no data"
     assert len(failure.error_lines) == 5
+
+
+# What mpirun printed (1 in 40 runs on a loaded 2-core machine) when rank 2 exited 3 and the
+# others ended normally before mpirun acted on it: its abort notice and no "Process name".
+MPI_NO_VERDICT = [
+    'WHOAMI {"rank": "2", "world": "3", "host": "n3"}',
+    "--------------------------------------------------------------------------",
+    "Primary job  terminated normally, but 1 process returned",
+    "a non-zero exit code. Per user-direction, the job has been aborted.",
+    "--------------------------------------------------------------------------",
+    'WHOAMI {"rank": "0", "world": "3", "host": "n1"}',
+    'WHOAMI {"rank": "1", "world": "3", "host": "n2"}',
+]
+
+
+def test_mpirun_without_its_verdict_names_the_rank_its_wrapper_said():
+    assert script_failure(MPI_NO_VERDICT, HOSTS) is None  # nothing to go on
+    # mpi_rank.sh's launch_watch.py rank says the exit, wherever mpirun's IOF puts it
+    said = "dscluster: rank 2 exited with code 3"
+    for at in (1, len(MPI_NO_VERDICT)):
+        log = [*MPI_NO_VERDICT[:at], said, *MPI_NO_VERDICT[at:]]
+        rank_2_of_n3_failed(log)
+        assert lost_nodes(log, HOSTS) == {"n3": "rank 2 exited with code 3"}
+
+
+def test_mpirun_verdict_outranks_the_ranks_that_exited_after_its_abort():
+    """A rank that catches the SIGTERM of mpirun's abort and exits 1 says so too: mpirun's
+    verdict, when there is one, names the first rank (the cause) alone."""
+    log = [
+        "dscluster: rank 2 exited with code 3",
+        "dscluster: rank 0 exited with code 1",  # ended by the abort
+        *MPI_VERDICT,
+    ]
+    failure = script_failure(log, HOSTS)
+    assert failure is not None
+    assert (failure.ranks, failure.hosts) == ([2], ["n3"])
+    # without it, every rank that said so, the first in the log first
+    failure = script_failure(log[:2], HOSTS)
+    assert failure is not None
+    assert (failure.ranks, failure.hosts, failure.why) == (
+        [0, 2],
+        ["n1", "n3"],
+        "n3: rank 2 exited with code 3",
+    )
+    # a rank number beyond the job's is no one's
+    assert script_failure(["dscluster: rank 7 exited with code 1"], HOSTS) is None
 
 
 def test_a_plain_exit_has_ranks_and_no_error_lines():

@@ -200,26 +200,117 @@ def test_mpi_argv_exports_env_and_wraps_ranks():
     assert argv[argv.index("--bind-to") :][:2] == ["--bind-to", "none"]
     assert argv[-4:] == ["./mpi_rank.sh", "train.py", "--lr", "0.1"]
     text, mode = p.files["mpi_rank.sh"]
-    assert mode == "0755" and 'exec /opt/v/bin/python -u "$@"' in text
+    # the rank runs under the job's launch_watch.py (staged beside it), which says its exit
+    exec_line = text.rstrip("\n").splitlines()[-1]
+    assert mode == "0755" and exec_line == (
+        'exec /opt/v/bin/python -S -u launch_watch.py rank -- /opt/v/bin/python -u "$@"'
+    )
+    assert "launch_watch.py" in p.files
+
+
+# A rank's python: prints its environment, then does what its first argument says.
+ENV_RANK = "import os, sys\nfor k, v in sorted(os.environ.items()):\n    print(f'{k}={v}')\n"
+
+
+def run_mpi_wrapper(tmp_path, env: dict, *args: str) -> subprocess.CompletedProcess[str]:
+    """mpi_rank.sh as mpirun runs it: /bin/sh in the job directory, launch_watch.py staged
+    there, this interpreter for the nodes' python."""
+    p = plan("mpi")
+    (tmp_path / "launch_watch.py").write_text(p.files["launch_watch.py"][0])
+    wrapper = tmp_path / "mpi_rank.sh"
+    wrapper.write_text(p.files["mpi_rank.sh"][0].replace("/opt/v/bin/python", sys.executable))
+    return subprocess.run(
+        ["sh", "./mpi_rank.sh", *args], env={"PATH": "/usr/bin:/bin", **env}, cwd=tmp_path,
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def env_of(proc: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
 
 
 def test_mpi_rank_wrapper_maps_openmpis_rank_variables(tmp_path):
-    text = plan("mpi").files["mpi_rank.sh"][0].replace("/opt/v/bin/python -u", "env")
-    wrapper = tmp_path / "w.sh"
-    wrapper.write_text(text)
     env = {
-        "PATH": "/usr/bin:/bin",
         "OMPI_COMM_WORLD_RANK": "5",
         "OMPI_COMM_WORLD_SIZE": "6",
         "OMPI_COMM_WORLD_LOCAL_RANK": "1",
         "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
     }
-    proc = subprocess.run(["sh", str(wrapper)], env=env, capture_output=True, text=True, check=True)
-    out = proc.stdout
-    got = dict(line.split("=", 1) for line in out.splitlines())
+    proc = run_mpi_wrapper(tmp_path, env, "-c", ENV_RANK)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    got = env_of(proc)
     assert (got["RANK"], got["WORLD_SIZE"], got["LOCAL_RANK"], got["LOCAL_WORLD_SIZE"]) == (
         "5", "6", "1", "2",
     )  # fmt: skip
+
+
+MPI_RANK_5 = {
+    "OMPI_COMM_WORLD_RANK": "5",
+    "OMPI_COMM_WORLD_SIZE": "7",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
+}
+
+
+def test_mpi_rank_says_its_own_non_zero_exit_naming_the_rank(tmp_path):
+    """mpirun's verdict may be missing (the other ranks ended normally before mpirun acted on
+    the failure): the rank's own line then names it; its status is passed on unchanged."""
+    proc = run_mpi_wrapper(tmp_path, MPI_RANK_5, "-c", "import sys; print('out'); sys.exit(3)")
+    assert proc.returncode == 3
+    assert proc.stdout == "out\n"
+    assert proc.stderr.splitlines() == ["dscluster: rank 5 exited with code 3"]
+    assert launch_watch.RANK_EXITED_RE.match(proc.stderr.strip())
+    ok = run_mpi_wrapper(tmp_path, MPI_RANK_5, "-c", "print('fine')")
+    assert (ok.returncode, ok.stdout, ok.stderr) == (0, "fine\n", "")
+    # stdin reaches the rank (mpirun forwards it to rank 0)
+    echo = subprocess.run(
+        ["sh", "./mpi_rank.sh", "-c", "import sys; print(sys.stdin.read().upper())"],
+        env={"PATH": "/usr/bin:/bin", **MPI_RANK_5}, cwd=tmp_path, input="hello",
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert (echo.returncode, echo.stdout) == (0, "HELLO\n")
+
+
+def test_mpi_rank_killed_by_a_signal_ends_its_wrapper_by_that_signal(tmp_path):
+    # mpirun then says "exited on signal 9" for the rank: a lost rank, not a script error
+    proc = run_mpi_wrapper(
+        tmp_path, MPI_RANK_5, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    )
+    assert proc.returncode == -signal.SIGKILL
+    assert "exited with code" not in proc.stderr
+
+
+@pytest.mark.parametrize(("handled", "rc"), [(True, 5), (False, -signal.SIGTERM)])
+def test_mpi_rank_gets_the_signals_sent_to_its_wrapper(tmp_path, handled, rc):
+    """mpirun ends a job by signalling each rank's process (the wrapper's): the rank gets
+    them, and exits as it chooses (a handler's exit 5, said) or by the signal (not said)."""
+    code = "import signal, sys, time\n"
+    if handled:
+        code += (
+            "def term(*_):\n"
+            "    print('got TERM', flush=True)\n"
+            "    sys.exit(5)\n"
+            "signal.signal(signal.SIGTERM, term)\n"
+        )
+    code += "print('UP', flush=True)\ntime.sleep(60)\n"
+    p = plan("mpi")
+    (tmp_path / "launch_watch.py").write_text(p.files["launch_watch.py"][0])
+    (tmp_path / "mpi_rank.sh").write_text(
+        p.files["mpi_rank.sh"][0].replace("/opt/v/bin/python", sys.executable)
+    )
+    proc = subprocess.Popen(
+        ["sh", "./mpi_rank.sh", "-c", code], env={"PATH": "/usr/bin:/bin", **MPI_RANK_5},
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline() == "UP\n"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == rc
+    if handled:
+        assert out == "got TERM\n"
+        assert err.splitlines() == ["dscluster: rank 5 exited with code 5"]
+    else:
+        assert "exited with code" not in err
 
 
 def test_mpi_refuses_what_a_hostfile_cannot_express():
@@ -468,16 +559,22 @@ def test_survey_command_quotes_the_marker_and_reads_every_rank_variable():
     lines = [
         "h2: dscluster-rank 3 77 /opt/dscluster/venv/bin/python -u train.py",
         "h2: dscluster-rank 3 78 python -u train.py",  # its dataloader worker
+        # an mpirun rank's supervisor (mpi_rank.sh's launch_watch.py rank) is not the rank
+        "h3: dscluster-rank 4 90 /opt/v/bin/python -S -u launch_watch.py rank -- "
+        "/opt/v/bin/python -u train.py",
+        "h3: dscluster-rank 4 91 /opt/v/bin/python -u train.py",
         "h1: dscluster-rank 0 12 ",
         "h1: not a survey line",
     ]
     assert launch_watch.still_running(lines) == (
-        "still running at the time limit: rank 0 on h1, rank 3 on h2 (python -u train.py)"
+        "still running at the time limit: rank 0 on h1, rank 3 on h2 (python -u train.py), "
+        "rank 4 on h3 (python -u train.py)"
     )
     assert launch_watch.still_running(["h1: other"]) == launch_watch.NONE_RUNNING
     # with the hosts asked: those whose survey did not end with its last line are named
     answered = ["h1: dscluster-surveyed", "h2: dscluster-surveyed"]
-    assert launch_watch.still_running([*lines, *answered], ["h1", "h2"]) == (
+    h1_h2 = [line for line in lines if not line.startswith("h3")]
+    assert launch_watch.still_running([*h1_h2, *answered], ["h1", "h2"]) == (
         "still running at the time limit: rank 0 on h1, rank 3 on h2 (python -u train.py)"
     )
     assert launch_watch.still_running(answered[:1], ["h1", "h2", "h3"], within=3) == (
@@ -566,12 +663,14 @@ def test_deepspeed_rank_wrapper_gives_lightning_the_node_rank(tmp_path):
 
 @pytest.mark.parametrize(("rank", "node"), [("0", "0"), ("3", "0"), ("4", "1"), ("6", "2")])
 def test_mpi_rank_wrapper_names_each_ranks_node(tmp_path, rank, node):
-    text = plan("mpi").files["mpi_rank.sh"][0]  # slots 4, 2, 1 in hostfile order
-    got = run_wrapper(
-        tmp_path, text, "/opt/v/bin/python",
+    # plan("mpi"): slots 4, 2, 1 in hostfile order
+    proc = run_mpi_wrapper(
+        tmp_path,
         {"OMPI_COMM_WORLD_RANK": rank, "OMPI_COMM_WORLD_SIZE": "7",
          "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"},
+        "-c", ENV_RANK,
     )  # fmt: skip
+    got = env_of(proc)
     assert (got["NODE_RANK"], got["GROUP_RANK"]) == (node, node)
 
 

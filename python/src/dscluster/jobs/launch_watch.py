@@ -18,6 +18,15 @@ rank hung at exit or in a collective: "still running at the time limit: rank 1 o
 
 Exit status: the launcher's own when it ended by itself (128+N for a signal), 1 when the
 watcher ended it because a node was lost. Only the standard library: it runs in the nodes' venv.
+
+    python launch_watch.py rank -- PYTHON -u SCRIPT ARGS...
+
+runs one rank of an mpirun job (mpi_rank.sh execs it) as a child: when the rank exits non-zero
+by itself it says "dscluster: rank 2 exited with code 3". mpirun's own verdict ("Process name:
+[[..],2]" / "Exit code: 3") is left out when the other ranks end normally before mpirun acts
+on the failure (the job is then "terminated", not "non-zero"). Signals are passed on to the
+rank; a rank killed by a signal ends this process by the same signal (mpirun: "exited on
+signal N"). Its exit status is the rank's.
 """
 
 from __future__ import annotations
@@ -107,6 +116,13 @@ NONE_RUNNING = "no rank was still running at the time limit"
 SURVEYED = "dscluster-surveyed"
 # pdsh -u for that survey (--survey-timeout), and the seconds its verdict names
 SURVEY_TIMEOUT_S = 10
+# `launch_watch.py rank`'s line for a rank that exited non-zero by itself (mpirun jobs)
+RANK_EXITED = "dscluster: rank "
+RANK_EXITED_RE = re.compile(r"^dscluster: rank (?P<rank>\d+) exited with code (?P<code>\d+)$")
+# ... and its own command line, which the survey at the time limit does not take for the rank
+RANK_SUPERVISOR_RE = re.compile(r"(?:^|\s)\S*launch_watch\.py rank(?:\s|$)")
+# Signals a rank's supervisor passes on to the rank.
+FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 
 
 def survey_command(marker: str) -> str:
@@ -143,7 +159,8 @@ def still_running(
     seen: dict[tuple[int, str], str] = {}
     answered = set()
     for line in lines:
-        if m := SURVEY_RE.match(line.rstrip("\n")):
+        m = SURVEY_RE.match(line.rstrip("\n"))
+        if m and not RANK_SUPERVISOR_RE.search(m["args"]):
             seen.setdefault((int(m["rank"]), m["host"]), short_args(m["args"]))
         host, _, rest = line.rstrip("\n").partition(": ")
         if rest == SURVEYED:
@@ -331,8 +348,51 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def run_rank(argv: list[str]) -> int:
+    """One rank of an mpirun job as this process's child (module docstring: `rank`)."""
+    child: list[subprocess.Popen] = []
+    pending: list[int] = []
+
+    def forward(signum: int, frame: object) -> None:
+        if not child:
+            pending.append(signum)  # before the rank started: passed on once it has
+            return
+        with contextlib.suppress(ProcessLookupError):
+            child[0].send_signal(signum)
+
+    for name in FORWARDED:
+        sig = getattr(signal, name)
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # ignored stays ignored, as with exec
+            signal.signal(sig, forward)
+    try:
+        child.append(subprocess.Popen(argv))
+    except OSError as exc:
+        sys.stderr.write(f"dscluster: cannot run {argv[0]}: {exc}\n")
+        return 127
+    for signum in pending:
+        forward(signum, None)
+    rc = child[0].wait()
+    if rc < 0:
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL's cannot be set
+            signal.signal(-rc, signal.SIG_DFL)
+        os.kill(os.getpid(), -rc)
+        return 128 - rc  # a signal whose default is not to end the process
+    if rc:
+        rank = os.environ.get("RANK", "?")
+        sys.stderr.write(f"{RANK_EXITED}{rank} exited with code {rc}\n")
+        sys.stderr.flush()
+    return rc
+
+
 def main(argv: list[str] | None = None) -> int:
-    return Watch(parse_args(sys.argv[1:] if argv is None else argv)).run()
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["rank"]:
+        rest = argv[2:] if argv[1:2] == ["--"] else argv[1:]
+        if not rest:
+            sys.stderr.write("usage: launch_watch.py rank -- PROGRAM ARGS...\n")
+            return 2
+        return run_rank(rest)
+    return Watch(parse_args(argv)).run()
 
 
 if __name__ == "__main__":

@@ -235,6 +235,7 @@ def render_mpi_rank_wrapper(venv: str, slots: Sequence[int] = ()) -> str:
     """`slots`: ranks per host in hostfile order (mpirun --map-by slot fills them in turn),
     from which each rank's node index (NODE_RANK/GROUP_RANK, read by Lightning) follows."""
     counts = " ".join(str(n) for n in slots)
+    python = shlex.quote(venv + "/bin/python")
     return (
         "#!/bin/sh\n"
         "# dscluster: OpenMPI's rank variables as torch.distributed's env:// init reads them,\n"
@@ -248,7 +249,8 @@ def render_mpi_rank_wrapper(venv: str, slots: Sequence[int] = ()) -> str:
         "  first=$((first + n)) node=$((node + 1))\n"
         "done\n"
         'export NODE_RANK="$node" GROUP_RANK="$node"\n'
-        f'exec {shlex.quote(venv + "/bin/python")} -u "$@"\n'
+        "# launch_watch.py rank: says when the rank exits non-zero, naming it (mpirun may not)\n"
+        f'exec {python} -S -u launch_watch.py rank -- {python} -u "$@"\n'
     )
 
 

@@ -14,6 +14,7 @@ from ..jobs.launch_watch import (
     NONE_RUNNING,
     PDSH_EXIT_RE,
     RANK_EXIT_RE,
+    RANK_EXITED_RE,
     SSH_ERROR_RE,
     STILL_RUNNING,
     TORCHRUN_EXIT_RE,
@@ -69,13 +70,14 @@ def lost_nodes(log_lines: Sequence[str], rank_hosts: Sequence[str] = ()) -> dict
     return unreachable or signalled or ranks
 
 
-def classify(  # noqa: C901 - one branch per launcher log pattern (pdsh, ssh, torchrun, mpirun)
-    log_lines: Sequence[str], rank_hosts: Sequence[str] = ()
-) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
-    """(unreachable, signalled, exited) nodes, each host -> why, in the log's order."""
-    unreachable: dict[str, str] = {}
-    signalled: dict[str, str] = {}
-    ranks: dict[str, str] = {}
+def mpi_exits(log_lines: Sequence[str], rank_hosts: Sequence[str] = ()) -> dict[str, str]:
+    """The nodes of the mpirun ranks that exited non-zero by themselves, host -> why: the one
+    mpirun's verdict names ("Process name: [[..],2]", "Exit code: 3"), else each that
+    mpi_rank.sh's `launch_watch.py rank` said (mpirun leaves its verdict out when the other
+    ranks ended normally before it acted). With a verdict the ranks' own lines are not counted:
+    a rank that caught the SIGTERM of mpirun's abort and exited 1 is no cause of it."""
+    verdict: dict[str, str] = {}
+    said: dict[str, str] = {}
     mpi_rank: int | None = None
     for line in log_lines:
         if m := MPI_PROCESS_RE.match(line):
@@ -83,9 +85,24 @@ def classify(  # noqa: C901 - one branch per launcher log pattern (pdsh, ssh, to
         elif (m := MPI_EXIT_CODE_RE.match(line)) and mpi_rank is not None:
             if mpi_rank < len(rank_hosts):
                 host = rank_hosts[mpi_rank]
-                ranks.setdefault(host, f"rank {mpi_rank} exited with code {m['code']}")
+                verdict.setdefault(host, f"rank {mpi_rank} exited with code {m['code']}")
             mpi_rank = None
-        elif m := SSH_ERROR_RE.match(line):
+        elif (m := RANK_EXITED_RE.match(line)) and int(m["rank"]) < len(rank_hosts):
+            host = rank_hosts[int(m["rank"])]
+            said.setdefault(host, f"rank {m['rank']} exited with code {m['code']}")
+    return verdict or said
+
+
+def classify(
+    log_lines: Sequence[str], rank_hosts: Sequence[str] = ()
+) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """(unreachable, signalled, exited) nodes, each host -> why, in the log's order (mpirun's
+    ranks, from mpi_exits, after the others)."""
+    unreachable: dict[str, str] = {}
+    signalled: dict[str, str] = {}
+    ranks: dict[str, str] = {}
+    for line in log_lines:
+        if m := SSH_ERROR_RE.match(line):
             unreachable[m["host"]] = f"ssh: {m['msg']}"
         elif m := MPI_SSH_ERROR_RE.match(line):
             unreachable.setdefault(m["host"], f"ssh: {m['msg']}")
@@ -110,6 +127,8 @@ def classify(  # noqa: C901 - one branch per launcher log pattern (pdsh, ssh, to
             signalled.setdefault(m["host"], why)
         elif m := PDSH_EXIT_RE.match(line):
             ranks.setdefault(m["host"], f"remote command exited with code {m['code']}")
+    for host, why in mpi_exits(log_lines, rank_hosts).items():
+        ranks.setdefault(host, why)
     return unreachable, signalled, ranks
 
 
@@ -182,6 +201,7 @@ def _failed_ranks(
     verdict), else every rank of a node whose launcher reported a failure."""
     exact: set[int] = set()
     exact_hosts: set[str] = set()
+    said: set[int] = set()  # launch_watch.py rank's: where mpirun's verdict is missing
     for line in log_lines:
         if (m := TORCHRUN_RANK_RE.match(line)) and int(m["rank"]) < len(rank_hosts):
             exact.add(int(m["rank"]))
@@ -189,6 +209,10 @@ def _failed_ranks(
         elif (m := MPI_PROCESS_RE.match(line)) and int(m["rank"]) < len(rank_hosts):
             exact.add(int(m["rank"]))
             exact_hosts.add(rank_hosts[int(m["rank"])])
+        elif (m := RANK_EXITED_RE.match(line)) and int(m["rank"]) < len(rank_hosts):
+            said.add(int(m["rank"]))
+    if not exact and said:
+        exact, exact_hosts = said, {rank_hosts[r] for r in said}
     for rank, host in enumerate(rank_hosts):
         if host in exited and host not in exact_hosts:
             exact.add(rank)
