@@ -3,6 +3,7 @@ hostfile, heterogeneous slots, quoting, one-line errors."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import shlex
@@ -212,13 +213,27 @@ def test_mpi_argv_exports_env_and_wraps_ranks():
 ENV_RANK = "import os, sys\nfor k, v in sorted(os.environ.items()):\n    print(f'{k}={v}')\n"
 
 
-def run_mpi_wrapper(tmp_path, env: dict, *args: str) -> subprocess.CompletedProcess[str]:
-    """mpi_rank.sh as mpirun runs it: /bin/sh in the job directory, launch_watch.py staged
-    there, this interpreter for the nodes' python."""
+def stage_mpi_wrapper(tmp_path) -> None:
+    """mpi_rank.sh and launch_watch.py in tmp_path (the job directory), this interpreter for
+    the nodes' python."""
     p = plan("mpi")
     (tmp_path / "launch_watch.py").write_text(p.files["launch_watch.py"][0])
     wrapper = tmp_path / "mpi_rank.sh"
     wrapper.write_text(p.files["mpi_rank.sh"][0].replace("/opt/v/bin/python", sys.executable))
+
+
+def start_mpi_rank(tmp_path, code: str) -> subprocess.Popen[str]:
+    """Rank 5 running `python -c code` under mpi_rank.sh, as mpirun starts it."""
+    stage_mpi_wrapper(tmp_path)
+    return subprocess.Popen(
+        ["sh", "./mpi_rank.sh", "-c", code], env={"PATH": "/usr/bin:/bin", **MPI_RANK_5},
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def run_mpi_wrapper(tmp_path, env: dict, *args: str) -> subprocess.CompletedProcess[str]:
+    """mpi_rank.sh as mpirun runs it: /bin/sh in the job directory (stage_mpi_wrapper)."""
+    stage_mpi_wrapper(tmp_path)
     return subprocess.run(
         ["sh", "./mpi_rank.sh", *args], env={"PATH": "/usr/bin:/bin", **env}, cwd=tmp_path,
         capture_output=True, text=True, timeout=60, check=False,
@@ -280,6 +295,41 @@ def test_mpi_rank_killed_by_a_signal_ends_its_wrapper_by_that_signal(tmp_path):
     assert "exited with code" not in proc.stderr
 
 
+def test_mpi_rank_does_not_outlive_its_wrapper_killed_outright(tmp_path):
+    """mpirun's daemon SIGKILLs a rank's process that outlasts its SIGTERM: the rank (its
+    child, here one that ignores SIGTERM) goes with it, as it did when it was that process,
+    instead of holding the job's output open until the time limit."""
+    code = (
+        "import os, signal, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print(os.getpid(), flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = start_mpi_rank(tmp_path, code)
+    assert proc.stdout is not None
+    rank = int(proc.stdout.readline())
+    assert rank != proc.pid  # the rank is the wrapper's child
+    proc.send_signal(signal.SIGTERM)  # ignored by the rank
+    time.sleep(0.5)
+    assert proc.poll() is None
+    proc.kill()
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(rank, 0)
+        except ProcessLookupError:
+            break
+        # reaped by init, or a zombie of ours until then: its state says
+        with contextlib.suppress(FileNotFoundError):
+            if pathlib.Path(f"/proc/{rank}/stat").read_text().split(") ")[1][0] == "Z":
+                break
+        time.sleep(0.1)
+    else:
+        os.kill(rank, signal.SIGKILL)
+        pytest.fail(f"the rank ({rank}) outlived its wrapper")
+
+
 @pytest.mark.parametrize(("handled", "rc"), [(True, 5), (False, -signal.SIGTERM)])
 def test_mpi_rank_gets_the_signals_sent_to_its_wrapper(tmp_path, handled, rc):
     """mpirun ends a job by signalling each rank's process (the wrapper's): the rank gets
@@ -293,15 +343,7 @@ def test_mpi_rank_gets_the_signals_sent_to_its_wrapper(tmp_path, handled, rc):
             "signal.signal(signal.SIGTERM, term)\n"
         )
     code += "print('UP', flush=True)\ntime.sleep(60)\n"
-    p = plan("mpi")
-    (tmp_path / "launch_watch.py").write_text(p.files["launch_watch.py"][0])
-    (tmp_path / "mpi_rank.sh").write_text(
-        p.files["mpi_rank.sh"][0].replace("/opt/v/bin/python", sys.executable)
-    )
-    proc = subprocess.Popen(
-        ["sh", "./mpi_rank.sh", "-c", code], env={"PATH": "/usr/bin:/bin", **MPI_RANK_5},
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    proc = start_mpi_rank(tmp_path, code)
     assert proc.stdout is not None and proc.stdout.readline() == "UP\n"
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=30)

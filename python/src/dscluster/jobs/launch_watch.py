@@ -41,7 +41,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 # pdsh reports a node it could not reach or whose remote command died:
 #   "pdsh@head: node3: ssh exited with exit code 255"
@@ -348,6 +348,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """Popen's preexec_fn: the child gets SIGKILL when this process dies (Linux's
+    PR_SET_PDEATHSIG), as the rank did when mpirun's daemon SIGKILLed it in place."""
+
+    def arm() -> None:
+        with contextlib.suppress(ImportError, OSError, AttributeError):
+            import ctypes  # noqa: PLC0415 - only here, where the rank starts
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before that took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return arm
+
+
 def run_rank(argv: list[str]) -> int:
     """One rank of an mpirun job as this process's child (module docstring: `rank`)."""
     child: list[subprocess.Popen] = []
@@ -365,7 +380,7 @@ def run_rank(argv: list[str]) -> int:
         if signal.getsignal(sig) is not signal.SIG_IGN:  # ignored stays ignored, as with exec
             signal.signal(sig, forward)
     try:
-        child.append(subprocess.Popen(argv))
+        child.append(subprocess.Popen(argv, preexec_fn=_die_with_parent(os.getpid())))  # noqa: PLW1509 - no threads here
     except OSError as exc:
         sys.stderr.write(f"dscluster: cannot run {argv[0]}: {exc}\n")
         return 127
