@@ -117,7 +117,7 @@ SURVEYED = "dscluster-surveyed"
 # pdsh -u for that survey (--survey-timeout), and the seconds its verdict names
 SURVEY_TIMEOUT_S = 10
 # `launch_watch.py rank`'s line for a rank that exited non-zero by itself (mpirun jobs)
-RANK_EXITED = "dscluster: rank "
+RANK_EXITED = "dscluster: rank {rank} exited with code {code}"
 RANK_EXITED_RE = re.compile(r"^dscluster: rank (?P<rank>\d+) exited with code (?P<code>\d+)$")
 # ... and its own command line, which the survey at the time limit does not take for the rank
 RANK_SUPERVISOR_RE = re.compile(r"(?:^|\s)\S*launch_watch\.py rank(?:\s|$)")
@@ -365,36 +365,30 @@ def _die_with_parent(parent: int) -> Callable[[], None]:
 
 def run_rank(argv: list[str]) -> int:
     """One rank of an mpirun job as this process's child (module docstring: `rank`)."""
-    child: list[subprocess.Popen] = []
-    pending: list[int] = []
+    try:
+        child = subprocess.Popen(argv, preexec_fn=_die_with_parent(os.getpid()))  # noqa: PLW1509 - no threads here
+    except OSError as exc:
+        sys.stderr.write(f"dscluster: cannot run {argv[0]}: {exc}\n")
+        return 127
 
+    # A signal before these are set ends this process, and the rank with it (its death
+    # signal), as it ended the rank when it was this process.
     def forward(signum: int, frame: object) -> None:
-        if not child:
-            pending.append(signum)  # before the rank started: passed on once it has
-            return
         with contextlib.suppress(ProcessLookupError):
-            child[0].send_signal(signum)
+            child.send_signal(signum)
 
     for name in FORWARDED:
         sig = getattr(signal, name)
         if signal.getsignal(sig) is not signal.SIG_IGN:  # ignored stays ignored, as with exec
             signal.signal(sig, forward)
-    try:
-        child.append(subprocess.Popen(argv, preexec_fn=_die_with_parent(os.getpid())))  # noqa: PLW1509 - no threads here
-    except OSError as exc:
-        sys.stderr.write(f"dscluster: cannot run {argv[0]}: {exc}\n")
-        return 127
-    for signum in pending:
-        forward(signum, None)
-    rc = child[0].wait()
+    rc = child.wait()
     if rc < 0:
         with contextlib.suppress(OSError, ValueError):  # SIGKILL's cannot be set
             signal.signal(-rc, signal.SIG_DFL)
         os.kill(os.getpid(), -rc)
         return 128 - rc  # a signal whose default is not to end the process
     if rc:
-        rank = os.environ.get("RANK", "?")
-        sys.stderr.write(f"{RANK_EXITED}{rank} exited with code {rc}\n")
+        sys.stderr.write(RANK_EXITED.format(rank=os.environ.get("RANK", "?"), code=rc) + "\n")
         sys.stderr.flush()
     return rc
 

@@ -70,26 +70,25 @@ def lost_nodes(log_lines: Sequence[str], rank_hosts: Sequence[str] = ()) -> dict
     return unreachable or signalled or ranks
 
 
-def mpi_exits(log_lines: Sequence[str], rank_hosts: Sequence[str] = ()) -> dict[str, str]:
-    """The nodes of the mpirun ranks that exited non-zero by themselves, host -> why: the one
-    mpirun's verdict names ("Process name: [[..],2]", "Exit code: 3"), else each that
-    mpi_rank.sh's `launch_watch.py rank` said (mpirun leaves its verdict out when the other
-    ranks ended normally before it acted). With a verdict the ranks' own lines are not counted:
-    a rank that caught the SIGTERM of mpirun's abort and exited 1 is no cause of it."""
-    verdict: dict[str, str] = {}
-    said: dict[str, str] = {}
+def mpi_exits(log_lines: Sequence[str], rank_hosts: Sequence[str] = ()) -> dict[int, str]:
+    """The mpirun ranks that exited non-zero by themselves, global rank -> exit code, in the
+    log's order: the one mpirun's verdict names ("Process name: [[..],2]", "Exit code: 3"),
+    else each that mpi_rank.sh's `launch_watch.py rank` said (mpirun leaves its verdict out
+    when the other ranks ended normally before it acted). With a verdict the ranks' own lines
+    are not counted: a rank that caught the SIGTERM of mpirun's abort and exited 1 is no
+    cause of it. Ranks beyond rank_hosts are no one's."""
+    verdict: dict[int, str] = {}
+    said: dict[int, str] = {}
     mpi_rank: int | None = None
     for line in log_lines:
         if m := MPI_PROCESS_RE.match(line):
             mpi_rank = int(m["rank"])
         elif (m := MPI_EXIT_CODE_RE.match(line)) and mpi_rank is not None:
             if mpi_rank < len(rank_hosts):
-                host = rank_hosts[mpi_rank]
-                verdict.setdefault(host, f"rank {mpi_rank} exited with code {m['code']}")
+                verdict.setdefault(mpi_rank, m["code"])
             mpi_rank = None
         elif (m := RANK_EXITED_RE.match(line)) and int(m["rank"]) < len(rank_hosts):
-            host = rank_hosts[int(m["rank"])]
-            said.setdefault(host, f"rank {m['rank']} exited with code {m['code']}")
+            said.setdefault(int(m["rank"]), m["code"])
     return verdict or said
 
 
@@ -127,8 +126,8 @@ def classify(
             signalled.setdefault(m["host"], why)
         elif m := PDSH_EXIT_RE.match(line):
             ranks.setdefault(m["host"], f"remote command exited with code {m['code']}")
-    for host, why in mpi_exits(log_lines, rank_hosts).items():
-        ranks.setdefault(host, why)
+    for rank, status in mpi_exits(log_lines, rank_hosts).items():
+        ranks.setdefault(rank_hosts[rank], f"rank {rank} exited with code {status}")
     return unreachable, signalled, ranks
 
 
@@ -197,22 +196,14 @@ def last_error(lines: Sequence[str]) -> list[str]:
 def _failed_ranks(
     log_lines: Sequence[str], rank_hosts: Sequence[str], exited: dict[str, str]
 ) -> list[int]:
-    """The failed global ranks: exact where the log says (torchrun's summary, mpirun's
-    verdict), else every rank of a node whose launcher reported a failure."""
-    exact: set[int] = set()
-    exact_hosts: set[str] = set()
-    said: set[int] = set()  # launch_watch.py rank's: where mpirun's verdict is missing
+    """The failed global ranks: exact where the log says (torchrun's summary, mpi_exits),
+    else every rank of a node whose launcher reported a failure."""
+    exact = set(mpi_exits(log_lines, rank_hosts))
+    exact_hosts = {rank_hosts[r] for r in exact}
     for line in log_lines:
         if (m := TORCHRUN_RANK_RE.match(line)) and int(m["rank"]) < len(rank_hosts):
             exact.add(int(m["rank"]))
             exact_hosts.add(m["host"])
-        elif (m := MPI_PROCESS_RE.match(line)) and int(m["rank"]) < len(rank_hosts):
-            exact.add(int(m["rank"]))
-            exact_hosts.add(rank_hosts[int(m["rank"])])
-        elif (m := RANK_EXITED_RE.match(line)) and int(m["rank"]) < len(rank_hosts):
-            said.add(int(m["rank"]))
-    if not exact and said:
-        exact, exact_hosts = said, {rank_hosts[r] for r in said}
     for rank, host in enumerate(rank_hosts):
         if host in exited and host not in exact_hosts:
             exact.add(rank)
