@@ -24,6 +24,7 @@ all:
     dscluster_shared_dir: /shared
     dscluster_shared_storage: external
     dscluster_cpu_slots: 2
+    base_apt_deb_cache: /var/cache/dscluster/debs
     ansible_user: root
     ansible_ssh_private_key_file: /s/key
     ansible_ssh_common_args: -o UserKnownHostsFile=/s/kh -o StrictHostKeyChecking=yes

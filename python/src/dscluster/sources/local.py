@@ -28,6 +28,12 @@ from .names import check_cluster_name
 
 LABEL = "dscluster.cluster"
 SHARED_PATH = "/shared"
+# One Docker volume every local node of every cluster mounts: the base role's apt run takes the
+# .debs from it and adds what it downloads (roles/base/files/apt_deb_cache.py), so a new
+# cluster or an added node downloads nothing another node already has. Not a cluster's: `down`
+# keeps it; `docker volume rm dscluster-debs` empties it.
+DEB_CACHE_VOLUME = "dscluster-debs"
+DEB_CACHE_PATH = "/var/cache/dscluster/debs"
 # Seconds ssh waits for a local node container to answer (the inventory's ansible_ssh_timeout).
 LOCAL_SSH_TIMEOUT = 10
 RUN_FLAGS = [
@@ -194,6 +200,8 @@ def up(
         docker("network", "create", "--label", f"{LABEL}={name}", network)
     if run(["docker", "volume", "inspect", volume], check=False).returncode != 0:
         docker("volume", "create", "--label", f"{LABEL}={name}", volume)
+    if run(["docker", "volume", "inspect", DEB_CACHE_VOLUME], check=False).returncode != 0:
+        docker("volume", "create", "--label", "dscluster.cache=debs", DEB_CACHE_VOLUME)
 
     wanted = [f"dsc-{name}-n{i}" for i in range(1, nodes + 1)]
     for extra in sorted(set(_containers(name)) - set(wanted)):
@@ -214,7 +222,8 @@ def up(
             docker(
                 "run", "-d", "--name", container, "--hostname", host,
                 "--label", f"{LABEL}={name}", "--network", network, "--network-alias", host,
-                "--shm-size", shm_size, "-v", f"{volume}:{SHARED_PATH}", *RUN_FLAGS, image,
+                "--shm-size", shm_size, "-v", f"{volume}:{SHARED_PATH}",
+                "-v", f"{DEB_CACHE_VOLUME}:{DEB_CACHE_PATH}", *RUN_FLAGS, image,
             )  # fmt: skip
         elif state.stdout.split()[0] != "true":
             console.print(f"starting stopped {container}")
@@ -266,6 +275,7 @@ def describe(
             "dscluster_shared_dir": SHARED_PATH,
             "dscluster_shared_storage": "external",
             "dscluster_cpu_slots": cpu_slots,
+            "base_apt_deb_cache": DEB_CACHE_PATH,
             "ansible_user": "root",
             "ansible_ssh_private_key_file": str(key),
             "ansible_ssh_common_args": (
