@@ -35,6 +35,20 @@ case " $* " in
     done ;;
 esac
 """
+# apt-cache show NAME=VERSION...: each pool file's record, with its SHA256 (none for the
+# package named in FAKE_NO_SHA).
+FAKE_APT_CACHE = """#!/bin/sh
+shift
+for pin in "$@"; do
+  name=${pin%%=*}; version=${pin#*=}
+  [ "$name" = "$FAKE_NO_SHA" ] && continue
+  for f in "$FAKE_POOL/${name}_${version}_"*.deb; do
+    [ -e "$f" ] || continue
+    printf "Package: %s\\nVersion: %s\\nFilename: pool/main/%s\\nSHA256: %s\\n\\n" \\
+      "$name" "$version" "$(basename "$f")" "$(sha256sum "$f" | cut -d' ' -f1)"
+  done
+done
+"""
 
 
 class Node:
@@ -48,8 +62,9 @@ class Node:
         bindir = root / "bin"
         if not bindir.exists():
             bindir.mkdir()
-            (bindir / "apt-get").write_text(FAKE_APT_GET)
-            (bindir / "apt-get").chmod(0o755)
+            for tool, text in (("apt-get", FAKE_APT_GET), ("apt-cache", FAKE_APT_CACHE)):
+                (bindir / tool).write_text(text)
+                (bindir / tool).chmod(0o755)
         self.env = {
             **os.environ,
             "PATH": f"{bindir}:{os.environ['PATH']}",
@@ -58,8 +73,8 @@ class Node:
             "FAKE_LOG": str(self.log),
         }
 
-    def run(self, cache: pathlib.Path, *args: str, fail: bool = False):
-        env = {**self.env, **({"FAKE_FAIL": "1"} if fail else {})}
+    def run(self, cache: pathlib.Path, *args: str, fail: bool = False, no_sha: str = ""):
+        env = {**self.env, "FAKE_NO_SHA": no_sha, **({"FAKE_FAIL": "1"} if fail else {})}
         proc = subprocess.run(
             [sys.executable, str(SCRIPT), str(cache), "--archives", str(self.archives), *args],
             env=env,
@@ -69,8 +84,8 @@ class Node:
         )
         return proc
 
-    def report(self, cache: pathlib.Path, *args: str, fail: bool = False) -> dict:
-        proc = self.run(cache, *args, fail=fail)
+    def report(self, cache: pathlib.Path, *args: str, fail: bool = False, no_sha: str = "") -> dict:
+        proc = self.run(cache, *args, fail=fail, no_sha=no_sha)
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)
 
@@ -119,6 +134,18 @@ def test_a_cached_file_that_does_not_match_the_index_is_replaced(tmp_path, pool)
     assert got["from_cache"] == 0 and got["downloaded"] == 3 and got["added"] == 3
     assert bad.read_bytes() == (pool / bad.name).read_bytes()
     assert (node.archives / bad.name).read_bytes() == (pool / bad.name).read_bytes()
+
+
+def test_an_archive_without_a_sha256_in_the_lists_is_neither_taken_nor_added(tmp_path, pool):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    first, second = Node(tmp_path, pool, "n1"), Node(tmp_path, pool, "n2")
+    got = first.report(cache, "rsync", no_sha="rsync")
+    assert (got["downloaded"], got["added"]) == (3, 2)
+    assert not (cache / "rsync_3.2.7-1_amd64.deb").exists()
+    (cache / "rsync_3.2.7-1_amd64.deb").write_bytes((pool / "rsync_3.2.7-1_amd64.deb").read_bytes())
+    got = second.report(cache, "rsync", no_sha="rsync")  # its MD5Sum alone does not do
+    assert (got["from_cache"], got["downloaded"], got["added"]) == (2, 1, 0)
 
 
 def test_a_newer_version_replaces_the_cached_older_one(tmp_path, pool):

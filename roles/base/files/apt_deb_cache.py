@@ -6,10 +6,10 @@
 Run before `apt-get install PACKAGE...`, it leaves every archive that install needs in apt's
 archives directory, downloading each at most once for all the nodes that share CACHE_DIR:
 
-1. asks apt which archives the install needs (`--print-uris`: file name, size and hash, from
-   the signed package lists);
-2. copies into apt's archives those the cache holds with that size and hash (a file that
-   does not match is not used);
+1. asks apt which archives the install needs (`--print-uris`: file name and size) and their
+   SHA256 (`apt-cache show NAME=VERSION`), both from the signed package lists;
+2. copies into apt's archives those the cache holds with that size and SHA256 (a file that
+   does not match is not used: apt itself checks only the size of an archive in place);
 3. downloads the rest (`apt-get install --download-only`; no dpkg run, so an image's
    "remove the .debs after dpkg" hook does not take them before step 4);
 4. adds what it downloaded to the cache, each written under a temporary name and renamed,
@@ -31,13 +31,11 @@ import shutil
 import socket
 import subprocess
 import sys
+import urllib.parse
 
 APT_GET = ["apt-get", "-qq", "-y", "-o", "Dpkg::Use-Pty=0"]
 # 'URI' FILE SIZE ALGORITHM:HEX, one line per archive apt would download.
-URI_LINE = re.compile(
-    r"^'(?P<uri>[^']+)' (?P<file>\S+) (?P<size>\d+) (?P<alg>[A-Za-z0-9]+):(?P<hex>[0-9a-f]+)$"
-)
-ALGORITHMS = {"SHA512": "sha512", "SHA256": "sha256", "SHA1": "sha1", "MD5SUM": "md5"}
+URI_LINE = re.compile(r"^'(?P<uri>[^']+)' (?P<file>\S+) (?P<size>\d+) [A-Za-z0-9]+:[0-9a-f]+$")
 # name_version_arch.deb; a Debian package name and version hold no underscore.
 DEB_NAME = re.compile(r"^(?P<name>[^_/]+)_(?P<version>[^_/]+)_(?P<arch>[^_/]+)\.deb$")
 
@@ -50,15 +48,9 @@ def digest(path: pathlib.Path, algorithm: str) -> str:
     return h.hexdigest()
 
 
-def matches(path: pathlib.Path, need: dict) -> bool:
-    try:
-        return path.stat().st_size == need["size"] and digest(path, need["alg"]) == need["hex"]
-    except OSError:
-        return False
-
-
 def needed(packages: list[str], recommends: list[str]) -> list[dict]:
-    """The archives `apt-get install PACKAGES` would download (none already in archives)."""
+    """The archives `apt-get install PACKAGES` would download (none already in archives), each
+    with its SHA256 from the package lists ("" where apt-cache names none: never cached)."""
     out = subprocess.run(
         [*APT_GET, *recommends, "--print-uris", "install", *packages],
         check=True,
@@ -68,19 +60,49 @@ def needed(packages: list[str], recommends: list[str]) -> list[dict]:
     found = []
     for line in out.splitlines():
         match = URI_LINE.match(line.strip())
-        if not match or not DEB_NAME.match(match["file"]):
-            continue
-        alg = ALGORITHMS.get(match["alg"].upper())
-        if alg:
+        deb = DEB_NAME.match(match["file"]) if match else None
+        if match and deb:
             found.append(
                 {
                     "file": match["file"],
                     "size": int(match["size"]),
-                    "alg": alg,
-                    "hex": match["hex"],
+                    "pool": urllib.parse.unquote(match["uri"].rsplit("/", 1)[-1]),
+                    "pin": f"{deb['name']}={urllib.parse.unquote(deb['version'])}",
                 }
             )
+    sha256 = pool_sha256([need["pin"] for need in found])
+    for need in found:
+        need.update(alg="sha256", hex=sha256.get(need.pop("pool"), ""))
+        del need["pin"]
     return found
+
+
+def pool_sha256(pins: list[str]) -> dict[str, str]:
+    """Pool file name -> SHA256 of the records `apt-cache show NAME=VERSION...` prints.
+
+    `--print-uris` gives one hash, MD5Sum on bookworm's apt, and apt does not check an
+    archive it finds in place again (only its size): the SHA256 the signed lists hold is
+    what a cached file has to match."""
+    if not pins:
+        return {}
+    out = subprocess.run(
+        ["apt-cache", "show", *pins], check=False, capture_output=True, text=True
+    ).stdout
+    found = {}
+    for record in out.split("\n\n"):
+        fields = dict(re.findall(r"^([A-Za-z0-9-]+): *(.*)$", record, flags=re.MULTILINE))
+        if fields.get("Filename") and re.fullmatch(r"[0-9a-f]{64}", fields.get("SHA256", "")):
+            found[fields["Filename"].rsplit("/", 1)[-1]] = fields["SHA256"]
+    return found
+
+
+def matches(path: pathlib.Path, need: dict) -> bool:
+    """path has the size and the (known) hash of the archive apt needs."""
+    try:
+        same_size = path.stat().st_size == need["size"]
+        return bool(need["hex"]) and same_size and digest(path, need["alg"]) == need["hex"]
+    except OSError:
+        return False
 
 
 def copy_atomic(src: pathlib.Path, dest: pathlib.Path) -> None:
