@@ -210,6 +210,6 @@ bench: images ## Timings: demo cold vs warm, re-converge, job start with/without
 	bash scripts/bench.sh
 
 .PHONY: clean
-clean: ## Remove the venv and the local cluster (keeps cached images and wheelhouse)
+clean: ## Remove the venv and the local cluster (keeps cached images, the wheelhouse and the .deb volume)
 	-$(DSC) local down --name local
 	rm -rf $(VENV)

@@ -9,6 +9,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -160,6 +161,18 @@ def test_a_newer_version_replaces_the_cached_older_one(tmp_path, pool):
     assert not old.exists()
     assert other_arch.exists() and other_pkg.exists()
     assert (cache / "rsync_3.2.7-1_amd64.deb").exists()
+
+
+def test_a_copy_left_half_way_is_swept_after_an_hour(tmp_path, pool):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    old = cache / ".rsync_3.2.7-1_amd64.deb.n9.4242"
+    fresh = cache / ".gcc-12_12.2.0-14_amd64.deb.n8.4343"  # another node copying right now
+    for f in (old, fresh):
+        f.write_bytes(b"half")
+    os.utime(old, (time.time() - 3700, time.time() - 3700))
+    Node(tmp_path, pool, "n1").report(cache, "rsync")
+    assert not old.exists() and fresh.exists()
 
 
 def test_without_a_cache_directory_apt_downloads_as_usual(tmp_path, pool):

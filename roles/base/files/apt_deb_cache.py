@@ -14,7 +14,8 @@ archives directory, downloading each at most once for all the nodes that share C
    "remove the .debs after dpkg" hook does not take them before step 4);
 4. adds what it downloaded to the cache, each written under a temporary name and renamed,
    so a node reading the cache never sees half a file; an older version of the same package
-   and architecture is removed from the cache then.
+   and architecture is removed from the cache then, and so is a temporary an hour old (a
+   node stopped mid-copy).
 
 The cache never decides the install: a missing or read-only CACHE_DIR, or a failed download,
 is reported and apt's own install (run next) downloads or fails as it would without it.
@@ -31,11 +32,14 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import urllib.parse
 
 APT_GET = ["apt-get", "-qq", "-y", "-o", "Dpkg::Use-Pty=0"]
 # 'URI' FILE SIZE ALGORITHM:HEX, one line per archive apt would download.
 URI_LINE = re.compile(r"^'(?P<uri>[^']+)' (?P<file>\S+) (?P<size>\d+) [A-Za-z0-9]+:[0-9a-f]+$")
+# A temporary in the cache older than this is a copy whose node stopped mid-way.
+STALE_TEMPORARY = 3600
 # name_version_arch.deb; a Debian package name and version hold no underscore.
 DEB_NAME = re.compile(r"^(?P<name>[^_/]+)_(?P<version>[^_/]+)_(?P<arch>[^_/]+)\.deb$")
 
@@ -171,8 +175,19 @@ def seed(cache: pathlib.Path, archives: pathlib.Path, wanted: list[dict], report
     return missing
 
 
+def sweep_temporaries(cache: pathlib.Path, now: float) -> None:
+    """Remove what copy_atomic left of a copy that never finished (its node stopped
+    mid-copy): temporaries untouched for STALE_TEMPORARY seconds."""
+    for tmp in cache.glob(".*.deb.*"):
+        with contextlib.suppress(OSError):
+            if now - tmp.stat().st_mtime > STALE_TEMPORARY:
+                tmp.unlink()
+
+
 def keep(cache: pathlib.Path, archives: pathlib.Path, missing: list[dict], report: dict) -> None:
     """Count what the download brought and add it to the cache."""
+    if cache.is_dir():
+        sweep_temporaries(cache, time.time())
     for need in missing:
         got = archives / need["file"]
         if not got.is_file():
