@@ -128,6 +128,15 @@ _BAD: list[tuple[str, Callable[[pathlib.Path], None], str, str]] = [
     ("pycache-dir-differs",
      inventory({"ml_stack_pycache_dir": "/a"}, n2={"ml_stack_pycache_dir": "/b"}), "n2='/b'",
      "group_vars/all"),
+    # base_apt_deb_cache: an absolute directory every node mounts, or "" for none.
+    ("deb-cache-relative", inventory({"base_apt_deb_cache": "debs"}), "'debs'",
+     "absolute path"),
+    ("deb-cache-root", inventory({"base_apt_deb_cache": "/"}), "'/'", "other than '/'"),
+    ("deb-cache-list", inventory({"base_apt_deb_cache": ["/a"]}), "(a list)",
+     'or "" for none'),
+    ("deb-cache-differs",
+     inventory({"base_apt_deb_cache": "/a"}, n2={"base_apt_deb_cache": "/b"}), "n2='/b'",
+     "group_vars/all"),
     # DeepSpeed's op builder stops on an arch suffix (int('0a'), seen on an H200).
     ("cuda-arch-suffix", inventory({"ml_stack_cuda_arch_list": "8.0;9.0a"}), "'8.0;9.0a'",
      "without a suffix such as 9.0a"),
