@@ -121,19 +121,13 @@ def copy_atomic(src: pathlib.Path, dest: pathlib.Path) -> None:
             tmp.unlink()
 
 
-def drop_other_versions(cache: pathlib.Path, kept: str) -> None:
-    match = DEB_NAME.match(kept)
-    if match is None:
-        return
-    for old in cache.glob(f"{glob_escape(match['name'])}_*_{glob_escape(match['arch'])}.deb"):
-        other = DEB_NAME.match(old.name)
-        if old.name != kept and other and other["name"] == match["name"]:
+def drop_other_versions(cache: pathlib.Path, kept: dict[tuple[str, str], str]) -> None:
+    """Remove each cached archive of a (package, architecture) in `kept` but another version."""
+    for old in cache.glob("*.deb"):
+        match = DEB_NAME.match(old.name)
+        if match and kept.get((match["name"], match["arch"]), old.name) != old.name:
             with contextlib.suppress(OSError):
                 old.unlink()
-
-
-def glob_escape(text: str) -> str:
-    return re.sub(r"([*?\[])", r"[\1]", text)
 
 
 USAGE = "usage: apt_deb_cache.py CACHE_DIR [--archives DIR] [--no-install-recommends] PACKAGE..."
@@ -163,7 +157,7 @@ def seed(cache: pathlib.Path, archives: pathlib.Path, wanted: list[dict], report
     missing = []
     for need in wanted:
         cached = cache / need["file"]
-        if not report["problem"] and matches(cached, need):
+        if matches(cached, need):
             try:
                 copy_atomic(cached, archives / need["file"])
             except OSError:
@@ -186,22 +180,24 @@ def sweep_temporaries(cache: pathlib.Path, now: float) -> None:
 
 def keep(cache: pathlib.Path, archives: pathlib.Path, missing: list[dict], report: dict) -> None:
     """Count what the download brought and add it to the cache."""
-    if cache.is_dir():
-        sweep_temporaries(cache, time.time())
-    for need in missing:
-        got = archives / need["file"]
-        if not got.is_file():
-            continue
-        report["downloaded"] += 1
-        if not cache.is_dir() or not matches(got, need):
+    got = [need for need in missing if (archives / need["file"]).is_file()]
+    report["downloaded"] = len(got)
+    if not cache.is_dir():
+        return
+    sweep_temporaries(cache, time.time())
+    kept = {}
+    for need in got:
+        if not matches(archives / need["file"], need):
             continue
         try:
-            copy_atomic(got, cache / need["file"])
+            copy_atomic(archives / need["file"], cache / need["file"])
         except OSError as err:
             report["problem"] = report["problem"] or f"cannot add to {cache}: {err.strerror}"
             continue
         report["added"] += 1
-        drop_other_versions(cache, need["file"])
+        deb = DEB_NAME.match(need["file"])
+        kept[(deb["name"], deb["arch"])] = need["file"]  # needed() took only such names
+    drop_other_versions(cache, kept)
 
 
 def main(argv: list[str]) -> int:
@@ -218,9 +214,11 @@ def main(argv: list[str]) -> int:
         print(json.dumps(report))
         return 0
     report["needed"] = len(wanted)
-    if not cache.is_dir():
+    if cache.is_dir():
+        missing = seed(cache, archives, wanted, report)
+    else:
         report["problem"] = f"no cache directory {cache}"
-    missing = seed(cache, archives, wanted, report)
+        missing = wanted
     if missing:
         download = subprocess.run(
             [*APT_GET, *recommends, "--download-only", "install", *packages],
