@@ -6,6 +6,10 @@
                                    CPU0, the running node containers' of the local cluster
                                    CLUSTER since they started (their cgroups' counters), the
                                    largest node's, and the rest: the controller's
+  bench_cpu.py since CPU0 T0       one line for make test's lanes: the machine's busy
+                                   CPU-seconds since CPU0 (read at T0, epoch seconds), the
+                                   wall time, and that CPU over the cores: the shortest the
+                                   lanes could take however they were packed
 
 On this machine the node containers share the controller's cores; on a real cluster each
 node's own work (dpkg, the stack install, Ansible's modules) runs on its own CPUs and only
@@ -20,6 +24,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 from dscluster.sources.local import LABEL
 
@@ -77,9 +82,21 @@ def split(cluster: str, cpu0: float) -> dict:
     }
 
 
+def since(cpu0: float, t0: float, cores: int | None = None) -> str:
+    """The lanes' CPU against their wall time: where the CPU over the cores is close to the
+    wall time, only less work (not other packing) makes the suite shorter."""
+    busy, wall, cores = machine_busy_s() - cpu0, time.time() - t0, cores or os.cpu_count() or 1
+    return (
+        f"== lanes: {busy:.0f} CPU-seconds in {wall:.0f} s on {cores} cores "
+        f"({busy / max(wall * cores, 1e-9):.0%} busy); that work alone needs {busy / cores:.0f} s"
+    )
+
+
 def main(argv: list[str]) -> int:
     if argv[1:] == ["machine"]:
         print(round(machine_busy_s(), 2))
+    elif len(argv) == 4 and argv[1] == "since":
+        print(since(float(argv[2]), float(argv[3])))
     elif len(argv) == 4 and argv[1] == "split":
         print(json.dumps(split(argv[2], float(argv[3]))))
     else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import pathlib
+import types
 
 import pytest
 
@@ -51,3 +52,12 @@ def test_machine_busy_seconds_only_grow(bench_cpu):
     first = bench_cpu.machine_busy_s()
     sum(i * i for i in range(200_000))  # some CPU between the readings
     assert 0 < first <= bench_cpu.machine_busy_s()
+
+
+def test_since_says_the_lanes_cpu_and_the_time_that_work_alone_needs(bench_cpu, monkeypatch):
+    monkeypatch.setattr(bench_cpu, "machine_busy_s", lambda: 1300.0)
+    monkeypatch.setattr(bench_cpu, "time", types.SimpleNamespace(time=lambda: 2000.0))
+    line = bench_cpu.since(100.0, 1000.0, cores=2)  # 1200 CPU-seconds over 1000 s on 2 cores
+    assert line == (
+        "== lanes: 1200 CPU-seconds in 1000 s on 2 cores (60% busy); that work alone needs 600 s"
+    )
