@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from .. import rolefiles
-from .e2e_cluster import NAME, NODES, REUSE, docker, dsc
+from .e2e_cluster import NAME, NODES, REUSE, USE_IMAGE_CACHE, cached_image, docker, dsc
 
 # Distributions whose version and install time user_stack compares before and after.
 STACK = ("torch", "deepspeed", "transformers", "accelerate", "lightning")
@@ -39,7 +39,10 @@ def cluster() -> pathlib.Path:
         yield rolefiles.REPO / "inventories" / NAME
         return
     dsc("local", "down", "--name", NAME)  # clear what an earlier run may have left
-    up = dsc("local", "up", "--name", NAME, "--nodes", str(NODES))
+    image = cached_image()
+    up = dsc(
+        "local", "up", "--name", NAME, "--nodes", str(NODES), *(["--image", image] * bool(image))
+    )
     assert up.returncode == 0, up.stderr
     inv = pathlib.Path(up.stdout.split("inventory ")[-1].strip()).parent
     yield inv
@@ -68,6 +71,18 @@ def provisioned(cluster: pathlib.Path, request: pytest.FixtureRequest) -> pathli
     proc = request.getfixturevalue("first_provision")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return cluster
+
+
+def pytest_report_header(config) -> str | None:
+    """Which image the session cluster starts from, where make test's lane asks for the cache."""
+    if not USE_IMAGE_CACHE or REUSE:
+        return None
+    image = cached_image()
+    return (
+        f"e2e cluster: from {image}"
+        if image
+        else "e2e cluster: no cached image for these inputs; from the node image"
+    )
 
 
 def pytest_collection_modifyitems(config, items):

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from .e2e_cluster import NAME, docker, dsc
+from .e2e_cluster import NAME, docker, dsc, keep_as_cache
 
 pytestmark = [
     pytest.mark.docker,
@@ -59,6 +59,9 @@ def baked(cluster: pathlib.Path, provisioned):
     # the node it came from is as it was: running, same host key, same cluster key
     assert sh(f"dsc-{SOURCE}", "cat /etc/ssh/ssh_host_ed25519_key.pub") == key_before
     assert sh(f"dsc-{SOURCE}", "test -s /home/ds/.ssh/id_ed25519 && echo key") == "key"
+    # A node provisioned in this session, baked: the next make test starts its e2e cluster
+    # from it where the inputs are the same (e2e_cluster.cached_image)
+    print(f"kept as {keep_as_cache(TAG)}")
     yield home
     dsc("--home", str(home), "local", "down", "--name", BAKED)
     docker("image", "rm", "-f", TAG)
