@@ -40,9 +40,8 @@ def cluster() -> pathlib.Path:
         return
     dsc("local", "down", "--name", NAME)  # clear what an earlier run may have left
     image = cached_image()
-    up = dsc(
-        "local", "up", "--name", NAME, "--nodes", str(NODES), *(["--image", image] * bool(image))
-    )
+    from_image = ("--image", image) if image else ()
+    up = dsc("local", "up", "--name", NAME, "--nodes", str(NODES), *from_image)
     assert up.returncode == 0, up.stderr
     inv = pathlib.Path(up.stdout.split("inventory ")[-1].strip()).parent
     yield inv

@@ -14,6 +14,7 @@ run, so every run also provisions from scratch.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import subprocess
@@ -77,8 +78,10 @@ def cache_tag() -> str:
     return f"{CACHE_REPO}:{digest.hexdigest()[:16]}"
 
 
+@functools.cache
 def cached_image() -> str | None:
-    """The session cluster's image when USE_IMAGE_CACHE and one for these inputs is here."""
+    """The session cluster's image when USE_IMAGE_CACHE and one for these inputs is here.
+    Looked up once per session: the report header and the cluster fixture both ask."""
     if not USE_IMAGE_CACHE:
         return None
     tag = cache_tag()
