@@ -18,10 +18,12 @@ import dataclasses
 import json
 import pathlib
 import re
+import shlex
 import subprocess
 import time
 from typing import Any
 
+import yaml
 from rich.console import Console
 
 from .errors import DsclusterError
@@ -48,6 +50,10 @@ class Bake:
     versions: dict[str, str]
     instance_id: str = ""
     region: str = ""
+    # The node's venv and the ranks' bytecode prefix (ml_stack_pycache_dir), as recorded; ""
+    # where its facts name none (then the image's bytecode is left as the node had it).
+    venv: str = ""
+    pycache_dir: str = ""
 
     def labels(self) -> dict[str, str]:
         return {
@@ -115,9 +121,8 @@ def check(inv: Inventory, *, node: str | None, name: str | None) -> Bake:
             f"{host} has no recorded facts ({facts}): it was never provisioned; run "
             f"'dscluster provision -i {inv.source}' first, then bake"
         )
-    versions = {
-        k: str(v) for k, v in read_facts_file(facts, host).versions.items() if isinstance(v, str)
-    }
+    recorded = read_facts_file(facts, host)
+    versions = {k: str(v) for k, v in recorded.versions.items() if isinstance(v, str)}
     if not versions.get("torch") or not versions.get("deepspeed"):
         raise DsclusterError(
             f"{host}'s recorded facts name no torch and DeepSpeed ({facts}); run "
@@ -144,6 +149,8 @@ def check(inv: Inventory, *, node: str | None, name: str | None) -> Bake:
         versions=versions,
         instance_id=str(inv.var(host, "dscluster_instance_id") or ""),
         region=str(inv.var(host, "dscluster_aws_region") or ""),
+        venv=recorded.venv,
+        pycache_dir=recorded.pycache_dir,
     )
 
 
@@ -168,6 +175,65 @@ def _dockerfile(base: str, config: dict[str, Any], labels: dict[str, str]) -> st
     for key, value in sorted(labels.items()):
         lines.append(f"LABEL {LABEL_PREFIX}.{key}={json.dumps(value)}")
     return "\n".join(lines) + "\n"
+
+
+# The heredoc's end marker in warm_script (never a line of pycache_seed.py).
+SEED_END = "DSCLUSTER_PYCACHE_SEED"
+
+
+def warm_modules() -> list[str]:
+    """What a training job imports beyond what the install compiled: ml_stack's list
+    (roles/ml_stack/vars/main.yml, __ml_stack_warm_modules), the one its seed step uses."""
+    from . import paths  # noqa: PLC0415
+
+    data = yaml.safe_load((paths.collection_root() / "roles/ml_stack/vars/main.yml").read_text())
+    return [str(m) for m in data["__ml_stack_warm_modules"]]
+
+
+def warm_script(plan: Bake, modules: list[str] | None = None) -> str:
+    """Shell lines, run as root in the copy before clean.sh, that compile a job's imports into
+    the ranks' bytecode prefix as the training user (ml_stack's own seed script, the same
+    modules). ml_stack does that at install only where a node runs several ranks; elsewhere
+    the first job on each node compiles them (about 1500 modules, 5 s of a core per rank).
+    Done once here, every node started from the image runs its first job from bytecode.
+    Best effort: a module that does not import is named in the script's JSON line, and a
+    failure leaves the bake going. "" where the facts record no venv or prefix."""
+    from . import paths  # noqa: PLC0415
+
+    if not (plan.venv and plan.pycache_dir):
+        return ""
+    seed = (paths.collection_root() / "roles/ml_stack/files/pycache_seed.py").read_text()
+    argv = " ".join(
+        shlex.quote(a) for a in [plan.venv, plan.pycache_dir, *(modules or warm_modules())]
+    )
+    user, venv, prefix = (shlex.quote(x) for x in (plan.user, plan.venv, plan.pycache_dir))
+    failed = shlex.quote(json.dumps({"seed_failed": True}))
+    return (
+        f"if [ -x {venv}/bin/python ] && [ -d {prefix} ]; then\n"
+        f"  runuser -u {user} -- python3 - {argv} <<'{SEED_END}' || echo {failed}\n"
+        f"{seed.rstrip()}\n{SEED_END}\n"
+        "fi\n"
+    )
+
+
+def seed_said(stdout: str) -> str:
+    """One line from the seed's JSON verdict in the copy's output ("" when it said none)."""
+    for line in reversed(stdout.splitlines()):
+        try:
+            verdict = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(verdict, dict):
+            continue
+        if verdict.get("seed_failed"):
+            return (
+                "the ranks' bytecode: the seed did not run; the first job on each node compiles it"
+            )
+        if "compiled" in verdict:
+            said = f"the ranks' bytecode: {verdict['compiled']} files compiled for a job's imports"
+            missing = sorted(verdict.get("not_imported") or {})
+            return said + (f" (not in this stack: {', '.join(missing)})" if missing else "")
+    return ""
 
 
 def bake_docker(plan: Bake, console: Console) -> str:
@@ -196,13 +262,19 @@ def bake_docker(plan: Bake, console: Console) -> str:
     try:
         console.print(f"committing {container} (paused for the commit)")
         docker("commit", "--pause=true", container, scratch_tag, timeout=1800)
-        console.print("cleaning a copy: host keys, machine id, cluster keys, munge key, caches")
-        run(
+        warm = warm_script(plan)
+        console.print(
+            "cleaning a copy: host keys, machine id, cluster keys, munge key, caches"
+            + ("; a job's imports compiled into the ranks' bytecode" if warm else "")
+        )
+        cleaned = run(
             ["docker", "run", "-i", "--name", scratch, "--entrypoint", "/bin/sh",
              scratch_tag, "-s", plan.user],
-            input=script,
-            timeout=600,
+            input=warm + script,
+            timeout=900,
         )  # fmt: skip
+        if said := seed_said(cleaned.stdout):
+            console.print(said)
         config = json.loads(docker("image", "inspect", scratch_tag))[0]["Config"]
         labels = plan.labels() | {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         console.print(f"importing the cleaned copy as one layer: {plan.name}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import time
 
 import pytest
@@ -56,6 +57,11 @@ def baked(cluster: pathlib.Path, provisioned):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     print(f"image bake: {took:.0f} s")
     assert f"baked {TAG} from {SOURCE}" in proc.stdout
+    # the copy compiled a job's imports into the ranks' bytecode (its node runs one rank: its
+    # install did not, so before this every node of the image compiled them in its first job)
+    assert re.search(
+        r"the ranks' bytecode: [1-9]\d* files compiled for a job's imports", proc.stderr
+    ), proc.stderr[-2000:]
     # the node it came from is as it was: running, same host key, same cluster key
     assert sh(f"dsc-{SOURCE}", "cat /etc/ssh/ssh_host_ed25519_key.pub") == key_before
     assert sh(f"dsc-{SOURCE}", "test -s /home/ds/.ssh/id_ed25519 && echo key") == "key"
@@ -83,6 +89,17 @@ def test_baked_image_is_one_layer_without_the_nodes_identity(cluster: pathlib.Pa
         f"wc -c < /etc/machine-id; test -x {venv}/bin/python && echo venv"
     )
     assert found.splitlines() == ["0", "venv"], found
+    # What a rank imports (DeepSpeed's engine, its per-node launcher) is read as the training
+    # user from the prefix the image carries: no module compiled from its source
+    prefix = facts["versions"]["pycache_dir"]
+    python = f"{venv}/bin/python -v -c 'import deepspeed.runtime.engine, deepspeed.launcher.launch'"
+    out = docker(
+        "run", "--rm", "-u", "ds", "-w", "/tmp", "--entrypoint", "/bin/sh", TAG, "-c",
+        f"PYTHONPYCACHEPREFIX={prefix} {python} 2>&1",
+    )  # fmt: skip
+    read = [ln for ln in out.splitlines() if ln.startswith("# code object from ")]
+    assert len(read) > 1000, read[-20:]
+    assert [ln for ln in read if not ln.startswith(f"# code object from '{prefix}/")] == []
 
 
 def test_cluster_from_the_baked_image_provisions_without_reinstalling(cluster: pathlib.Path, baked):

@@ -234,6 +234,58 @@ def test_clean_script_takes_out_what_makes_a_node_one_node(tmp_path):
     assert (root / "etc/machine-id").read_text() == ""
 
 
+def test_bake_compiles_a_jobs_imports_into_the_ranks_bytecode_in_the_copy(tmp_path):
+    """The lines bake runs in the copy before clean.sh: ml_stack's seed script, as the training
+    user, with the node's recorded venv and bytecode prefix and ml_stack's list of what a job
+    imports. Run here (runuser left out: this machine has no training user) on a venv of
+    this Python: the named modules' bytecode lands in the prefix, and one that does not
+    import is named in bake's line, not fatal."""
+    inv = local_inventory(tmp_path)
+    venv, prefix = tmp_path / "venv", tmp_path / "pycache"
+    for host in ("bk-n1", "bk-n2", "bk-n3"):
+        write_facts(
+            inv / "facts", host,
+            versions={"torch": "2.13.0+cpu", "deepspeed": "0.19.8", "venv": str(venv),
+                      "torch_extensions_dir": "/opt/x", "pycache_dir": str(prefix)},
+        )  # fmt: skip
+    plan = bake.check(load(inv), node=None, name=None)
+    assert (plan.venv, plan.pycache_dir) == (str(venv), str(prefix))
+    # ml_stack's own list, read from the collection this client drives
+    modules = bake.warm_modules()
+    assert {"deepspeed.runtime.engine", "deepspeed.launcher.launch", "torch._dynamo"} <= set(
+        modules
+    )
+    script = bake.warm_script(plan)
+    assert f"runuser -u ds -- python3 - {venv} {prefix} {' '.join(modules)} <<" in script
+    # what the copy runs, on this machine: a module of the standard library and one absent
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    prefix.mkdir()
+    here = bake.warm_script(plan, ["json.tool", "no_such_module_here"])
+    proc = subprocess.run(
+        ["sh", "-s", "ds"], input=here.replace("runuser -u ds -- ", "") + "echo cleaned\n",
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "cleaned"
+    tag = sys.implementation.cache_tag
+    json_dir = pathlib.Path(json.__file__).parent
+    assert (prefix / str(json_dir).lstrip("/") / f"tool.{tag}.pyc").is_file()
+    said = bake.seed_said(proc.stdout)
+    assert re.fullmatch(
+        r"the ranks' bytecode: [1-9][0-9]* files compiled for a job's imports "
+        r"\(not in this stack: no_such_module_here\)",
+        said,
+    ), said
+    assert bake.seed_said('{"seed_failed": true}\ncleaned\n').startswith(
+        "the ranks' bytecode: the seed did not run"
+    )
+    # facts that record no prefix: nothing to compile, the image's bytecode as the node had it
+    for host in ("bk-n1", "bk-n2", "bk-n3"):
+        write_facts(inv / "facts", host)
+    assert bake.warm_script(bake.check(load(inv), node=None, name=None)) == ""
+
+
 # ---------------------------------------------------------------- AWS, on moto
 
 
