@@ -187,7 +187,8 @@ def warm_modules() -> list[str]:
     from . import paths  # noqa: PLC0415
 
     data = yaml.safe_load((paths.collection_root() / "roles/ml_stack/vars/main.yml").read_text())
-    return [str(m) for m in data["__ml_stack_warm_modules"]]
+    # a collection without the list (older): the seed still copies the venv's bytecode
+    return [str(m) for m in (data or {}).get("__ml_stack_warm_modules") or []]
 
 
 def warm_script(plan: Bake, modules: list[str] | None = None) -> str:
