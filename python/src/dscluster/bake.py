@@ -213,6 +213,7 @@ def warm_script(plan: Bake, modules: list[str] | None = None) -> str:
         f"if [ -x {venv}/bin/python ] && [ -d {prefix} ]; then\n"
         f"  runuser -u {user} -- python3 - {argv} <<'{SEED_END}' || echo {failed}\n"
         f"{seed.rstrip()}\n{SEED_END}\n"
+        f"else\n  echo {failed}\n"
         "fi\n"
     )
 

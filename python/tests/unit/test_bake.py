@@ -280,6 +280,13 @@ def test_bake_compiles_a_jobs_imports_into_the_ranks_bytecode_in_the_copy(tmp_pa
     assert bake.seed_said('{"seed_failed": true}\ncleaned\n').startswith(
         "the ranks' bytecode: the seed did not run"
     )
+    # a copy without the recorded venv: one line says the seed did not run
+    gone = bake.Bake(**{**plan.__dict__, "venv": str(tmp_path / "no-venv")})
+    proc = subprocess.run(
+        ["sh", "-s", "ds"], input=bake.warm_script(gone, ["json"]), capture_output=True,
+        text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert bake.seed_said(proc.stdout).startswith("the ranks' bytecode: the seed did not run")
     # facts that record no prefix: nothing to compile, the image's bytecode as the node had it
     for host in ("bk-n1", "bk-n2", "bk-n3"):
         write_facts(inv / "facts", host)
