@@ -10,6 +10,9 @@
                                    CPU-seconds since CPU0 (read at T0, epoch seconds), the
                                    wall time, and that CPU over the cores: the shortest the
                                    lanes could take however they were packed
+  bench_cpu.py calibrate           one line: the CPU milliseconds a fixed pure-Python
+                                   workload takes here (the best of 5), to compare the
+                                   CPU-seconds of runs made on different hours
 
 On this machine the node containers share the controller's cores; on a real cluster each
 node's own work (dpkg, the stack install, Ansible's modules) runs on its own CPUs and only
@@ -92,9 +95,35 @@ def since(cpu0: float, t0: float, cores: int | None = None) -> str:
     )
 
 
+def workload() -> int:
+    """The fixed work calibrate times: dict updates, string formatting, a sort."""
+    counts: dict[str, int] = {}
+    for i in range(300_000):
+        key = f"n{i % 5000}"
+        counts[key] = counts.get(key, 0) + i * i
+    return len(sorted(counts.items()))
+
+
+def calibrate(rounds: int = 5) -> str:
+    """How fast this hour's cores are: the same work on a VM whose neighbours or clock changed
+    takes more CPU, so a run's CPU-seconds alone cannot be compared with another hour's. The
+    best of `rounds`, in this process's CPU time (another process's load hardly moves it)."""
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.process_time()
+        workload()
+        best = min(best, time.process_time() - start)
+    return (
+        f"== this machine: a fixed pure-Python workload in {best * 1000:.0f} ms of CPU "
+        f"(best of {rounds}); CPU-seconds of runs compare in proportion to it"
+    )
+
+
 def main(argv: list[str]) -> int:
     if argv[1:] == ["machine"]:
         print(round(machine_busy_s(), 2))
+    elif argv[1:] == ["calibrate"]:
+        print(calibrate())
     elif len(argv) == 4 and argv[1] == "since":
         print(since(float(argv[2]), float(argv[3])))
     elif len(argv) == 4 and argv[1] == "split":

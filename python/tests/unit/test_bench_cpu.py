@@ -61,3 +61,20 @@ def test_since_says_the_lanes_cpu_and_the_time_that_work_alone_needs(bench_cpu, 
     assert line == (
         "== lanes: 1200 CPU-seconds in 1000 s on 2 cores (60% busy); that work alone needs 600 s"
     )
+
+
+def test_calibrate_takes_the_best_of_its_rounds_in_cpu_time(bench_cpu, monkeypatch):
+    ticks = iter([0.0, 0.30, 1.0, 1.12, 2.0, 2.25])  # rounds of 300, 120 and 250 ms of CPU
+    monkeypatch.setattr(bench_cpu, "time", types.SimpleNamespace(process_time=lambda: next(ticks)))
+    line = bench_cpu.calibrate(rounds=3)
+    assert line == (
+        "== this machine: a fixed pure-Python workload in 120 ms of CPU (best of 3); "
+        "CPU-seconds of runs compare in proportion to it"
+    )
+
+
+def test_calibrate_measures_real_work(bench_cpu, capsys):
+    assert bench_cpu.main(["bench_cpu.py", "calibrate"]) == 0
+    ms = int(capsys.readouterr().out.split(" in ")[1].split(" ms")[0])
+    assert ms > 0
+    assert bench_cpu.workload() == 5000
