@@ -9,8 +9,9 @@
 #      its first smoke job and a second one (the first one's ranks compile the bytecode the
 #      install did not), and one node added to it (--add);
 #      a node of the local cluster baked into an image (image bake), a new 3-node cluster
-#      from it and one node added to that; provision of 4, 8 and 16 local nodes, each with
-#      its CPU split between the nodes and the controller (BENCH_SCALE="4 8 16"; BENCH_SCALE=
+#      from it and one node added to that; provision of 4, 8 and 16 local nodes, from the
+#      node image with the wheelhouse cached and again from the baked image, each with its
+#      CPU split between the nodes and the controller (BENCH_SCALE="4 8 16"; BENCH_SCALE=
 #      skips them)
 #   3. a user requirement added to the provisioned cluster (the wheelhouse's user layer: the
 #      DeepSpeed build must not run) and removed again; per-node install of the base layer
@@ -26,6 +27,9 @@ mkdir -p "$OUT"
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 declare -A R
+# This hour's speed of the cores (a fixed pure-Python workload's CPU ms, best of 5), at the
+# start and the end: figures of runs made on different hours compare in proportion to it.
+R[calibrate_ms_at_start]=$($BIN/python scripts/bench_cpu.py calibrate-ms)
 
 now() { date +%s.%N; }
 elapsed() { python3 -c "print(round($2 - $1, 1))"; }
@@ -96,24 +100,42 @@ R[new_cluster_baked_changed]=$(changes "$OUT/$stamp-new-cluster-baked.log")
 timed add_node_baked_s "$OUT/$stamp-add-node-baked.log" \
   bash -c "$DSC local up --name bench --nodes 4 && $DSC provision -i inventories/bench --add bench-n4"
 $DSC local down --name bench >/dev/null 2>&1 || true
-docker image rm -f "$baked" >/dev/null 2>&1 || true
 
 # Each with its CPU split: the node containers' own CPU-seconds (their cgroups, read before
 # the cluster goes) and the rest of the machine's (the controller: ansible-playbook, its
 # workers, ssh; dockerd). Here both share the same cores; on a real cluster only the
-# controller's part adds up on one machine.
-for n in ${BENCH_SCALE-4 8 16}; do
-  echo "== provision of $n local nodes (wheelhouse cached)"
+# controller's part adds up on one machine. Twice per size: from the node image with the
+# wheelhouse cached (every node installs the stack) and from the baked image (a verify pass
+# plus the per-cluster parts), the way ParallelCluster and SkyPilot start many nodes.
+# scale N SUFFIX [--image IMAGE]: provision_N_nodes${SUFFIX}_s and provision_N${SUFFIX}_cpu
+scale() {
+  local n=$1 suffix=$2 cpu0; shift 2
   $DSC local down --name scale >/dev/null 2>&1 || true
   cpu0=$($BIN/python scripts/bench_cpu.py machine)
-  timed "provision_${n}_nodes_s" "$OUT/$stamp-scale-$n.log" \
-    bash -c "$DSC local up --name scale --nodes $n && $DSC provision -i inventories/scale"
-  R["provision_${n}_cpu"]=$($BIN/python scripts/bench_cpu.py split scale "$cpu0")
+  timed "provision_${n}_nodes${suffix}_s" "$OUT/$stamp-scale-$n$suffix.log" \
+    bash -c "$DSC local up --name scale --nodes $n $* && $DSC provision -i inventories/scale"
+  R["provision_${n}${suffix}_cpu"]=$($BIN/python scripts/bench_cpu.py split scale "$cpu0")
+  R["provision_${n}_nodes${suffix}_changed"]=$(changes "$OUT/$stamp-scale-$n$suffix.log")
   $DSC local down --name scale >/dev/null 2>&1 || true
+}
+ratio() {  # KEY_4 KEY_16 OUT: the 16-node time over the 4-node one, where both were measured
+  if [[ "${R[$1]:-}" =~ ^[0-9.]+$ && "${R[$2]:-}" =~ ^[0-9.]+$ ]]; then
+    R[$3]=$(python3 -c "print(round(${R[$2]} / ${R[$1]}, 2))")
+  fi
+}
+have_baked=0
+[[ "${R[bake_s]}" =~ ^[0-9.]+$ ]] && have_baked=1
+for n in ${BENCH_SCALE-4 8 16}; do
+  echo "== provision of $n local nodes (wheelhouse cached)"
+  scale "$n" ""
+  if [ $have_baked = 1 ]; then
+    echo "== provision of $n local nodes from the baked image"
+    scale "$n" _baked --image "$baked"
+  fi
 done
-if [[ "${R[provision_4_nodes_s]:-}" =~ ^[0-9.]+$ && "${R[provision_16_nodes_s]:-}" =~ ^[0-9.]+$ ]]; then
-  R[provision_16_over_4]=$(python3 -c "print(round(${R[provision_16_nodes_s]} / ${R[provision_4_nodes_s]}, 2))")
-fi
+ratio provision_4_nodes_s provision_16_nodes_s provision_16_over_4
+ratio provision_4_nodes_baked_s provision_16_nodes_baked_s provision_16_over_4_baked
+docker image rm -f "$baked" >/dev/null 2>&1 || true
 
 echo "== user layer: a pinned transformers added, then removed"
 gv=inventories/local/group_vars/all.yml
@@ -164,6 +186,7 @@ R[first_step_prebuilt_s]=$(run_one /opt/dscluster/venv prebuilt)
 R[first_step_jit_s]=$(run_one /opt/bench-jit jit)
 docker exec "$head" rm -rf /opt/bench-jit /tmp/bench-ext
 
+R[calibrate_ms_at_end]=$($BIN/python scripts/bench_cpu.py calibrate-ms)
 {
   echo "{"
   echo "  \"time\": \"$stamp\", \"cpus\": $(nproc), \"host\": \"$(hostname)\","

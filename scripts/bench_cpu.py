@@ -13,6 +13,7 @@
   bench_cpu.py calibrate           one line: the CPU milliseconds a fixed pure-Python
                                    workload takes here (the best of 5), to compare the
                                    CPU-seconds of runs made on different hours
+  bench_cpu.py calibrate-ms        the same figure alone (milliseconds), for make bench's JSON
 
 On this machine the node containers share the controller's cores; on a real cluster each
 node's own work (dpkg, the stack install, Ansible's modules) runs on its own CPUs and only
@@ -104,7 +105,7 @@ def workload() -> int:
     return len(sorted(counts.items()))
 
 
-def calibrate(rounds: int = 5) -> str:
+def calibrate_ms(rounds: int = 5) -> int:
     """How fast this hour's cores are: the same work on a VM whose neighbours or clock changed
     takes more CPU, so a run's CPU-seconds alone cannot be compared with another hour's. The
     best of `rounds`, in this process's CPU time (another process's load hardly moves it)."""
@@ -113,8 +114,12 @@ def calibrate(rounds: int = 5) -> str:
         start = time.process_time()
         workload()
         best = min(best, time.process_time() - start)
+    return round(best * 1000)
+
+
+def calibrate(rounds: int = 5) -> str:
     return (
-        f"== this machine: a fixed pure-Python workload in {best * 1000:.0f} ms of CPU "
+        f"== this machine: a fixed pure-Python workload in {calibrate_ms(rounds)} ms of CPU "
         f"(best of {rounds}); CPU-seconds of runs compare in proportion to it"
     )
 
@@ -124,6 +129,8 @@ def main(argv: list[str]) -> int:
         print(round(machine_busy_s(), 2))
     elif argv[1:] == ["calibrate"]:
         print(calibrate())
+    elif argv[1:] == ["calibrate-ms"]:
+        print(calibrate_ms())
     elif len(argv) == 4 and argv[1] == "since":
         print(since(float(argv[2]), float(argv[3])))
     elif len(argv) == 4 and argv[1] == "split":

@@ -78,3 +78,10 @@ def test_calibrate_measures_real_work(bench_cpu, capsys):
     ms = int(capsys.readouterr().out.split(" in ")[1].split(" ms")[0])
     assert ms > 0
     assert bench_cpu.workload() == 5000
+
+
+def test_calibrate_ms_is_the_figure_alone_for_the_bench_json(bench_cpu, capsys, monkeypatch):
+    ticks = iter([0.0, 0.30, 1.0, 1.12, 2.0, 2.25, 3.0, 3.2, 4.0, 4.4])
+    monkeypatch.setattr(bench_cpu, "time", types.SimpleNamespace(process_time=lambda: next(ticks)))
+    assert bench_cpu.main(["bench_cpu.py", "calibrate-ms"]) == 0
+    assert capsys.readouterr().out == "120\n"  # the best of the 5 rounds, a bare JSON number
