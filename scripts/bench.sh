@@ -107,7 +107,8 @@ $DSC local down --name bench >/dev/null 2>&1 || true
 # controller's part adds up on one machine. Twice per size: from the node image with the
 # wheelhouse cached (every node installs the stack) and from the baked image (a verify pass
 # plus the per-cluster parts), the way ParallelCluster and SkyPilot start many nodes.
-# scale N SUFFIX [--image IMAGE]: provision_N_nodes${SUFFIX}_s and provision_N${SUFFIX}_cpu
+# scale N SUFFIX [--image IMAGE]: provision_N_nodes${SUFFIX}_s, provision_N${SUFFIX}_cpu and
+# provision_N_nodes${SUFFIX}_changed
 scale() {
   local n=$1 suffix=$2 cpu0; shift 2
   $DSC local down --name scale >/dev/null 2>&1 || true

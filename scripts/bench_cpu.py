@@ -108,7 +108,9 @@ def workload() -> int:
 def calibrate_ms(rounds: int = 5) -> int:
     """How fast this hour's cores are: the same work on a VM whose neighbours or clock changed
     takes more CPU, so a run's CPU-seconds alone cannot be compared with another hour's. The
-    best of `rounds`, in this process's CPU time (another process's load hardly moves it)."""
+    best of `rounds`, in this process's CPU time. Other processes' load still moves it on a VM
+    (shared caches and cores: 79 ms idle, 159 ms right after a loaded bench step, 2026-11-29),
+    so read it on a quiet machine: before and after make test's lanes, not during them."""
     best = float("inf")
     for _ in range(rounds):
         start = time.process_time()
