@@ -450,3 +450,44 @@ def test_no_findings_says_why_the_play_gave_none(
     for host in ("node-a", "node-b", "node-c"):
         details = " ".join(report.cell("reach", host).details)
         assert "no findings came back" in details and needle in details, details
+
+
+def render(tbl, width: int) -> list[str]:
+    import io  # noqa: PLC0415
+
+    from rich.console import Console  # noqa: PLC0415
+
+    console = Console(width=width, file=io.StringIO(), color_system=None)
+    console.print(tbl)
+    return console.file.getvalue().splitlines()
+
+
+def test_the_table_turns_to_one_row_per_node_where_the_nodes_do_not_fit_across():
+    hosts = [f"scale-n{i}" for i in range(1, 17)]
+    report = doctor.DoctorReport(hosts=hosts, head=hosts[0], cells={})
+    for check in doctor.CHECKS:
+        for host in hosts:
+            report.cell(check, host)
+    report.cell("ssh", "scale-n2").add("fail", "scale-n2 → scale-n3: Permission denied")
+    report.cell("shm", "scale-n3").add("warn", "/dev/shm is 64 MiB")
+    report.cell("slots", "scale-n3").add("skip", "no accelerators")
+    lines = render(doctor.table(report, 80), 80)
+    assert all(len(line) <= 80 for line in lines), lines
+    rows = {line.split()[1]: line for line in lines if line.startswith("│ scale-n")}
+    assert sorted(rows) == sorted(hosts), lines  # every node named in full
+    n = len(doctor.CHECKS)
+    cells = {h: [c.strip() for c in line.split("│")[2:-1]] for h, line in rows.items()}
+    assert cells["scale-n1"] == [str(n), "0", "0", "0", ""]
+    assert cells["scale-n2"] == [str(n - 1), "0", "0", "1", "ssh fail"]
+    assert cells["scale-n3"] == [str(n - 2), "1", "1", "0", "shm warn, slots skip"]
+
+
+def test_three_nodes_keep_the_checks_down_the_nodes_across():
+    report = doctor.DoctorReport(hosts=HOSTS, head="n1", cells={})
+    report.cell("ssh", "n2").add("fail", "n2 → n3: Permission denied")
+    for tbl in (doctor.table(report, 80), doctor.table(report)):
+        lines = render(tbl, 80)
+        header = next(line for line in lines if "check" in line)
+        assert header.split()[1:8:2] == ["check", "n1", "n2", "n3"], header
+        ssh = next(line for line in lines if line.startswith("│ ssh "))
+        assert [c.strip() for c in ssh.split("│")[1:-1]] == ["ssh", "pass", "fail", "pass"]

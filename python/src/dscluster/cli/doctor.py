@@ -42,7 +42,7 @@ def cmd_doctor(args: argparse.Namespace, out: Console, err: Console) -> int:
     if args.json:
         out.print_json(json.dumps(report.to_json()))
     else:
-        out.print(table(report))
+        out.print(table(report, out.width))
         for line in problem_lines(report):
             out.print(line, markup=False, highlight=False)
         out.print(summary_line(report), markup=False, highlight=False)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -107,7 +109,18 @@ class DoctorReport:
         }
 
 
-def table(report: DoctorReport) -> Table:
+def table(report: DoctorReport, width: int | None = None) -> Table:
+    """The checks down, the nodes across; where that is wider than `width` (a console's; 80
+    columns when not a terminal: 16 nodes were then cut to "p…" in every cell), one row per
+    node instead: how many checks passed, were skipped, warned and failed, and which did not
+    pass. Either way the problem lines below it say what and how to fix it."""
+    wide = _wide_table(report)
+    if width is None or _needed_width(wide) <= width:
+        return wide
+    return _node_table(report)
+
+
+def _wide_table(report: DoctorReport) -> Table:
     t = Table(title=f"doctor: {len(report.hosts)} nodes, head {report.head}", title_justify="left")
     t.add_column("check")
     for host in report.hosts:
@@ -118,6 +131,33 @@ def table(report: DoctorReport) -> Table:
             cell = report.cells.get(check, {}).get(host) or Cell()
             row.append(Text(cell.status, style=STYLE[cell.status]))
         t.add_row(*row)
+    return t
+
+
+def _needed_width(t: Table) -> int:
+    """Columns the table takes unwrapped and uncut (rich's own measure, on a console wide
+    enough for any table)."""
+    console = Console(width=10_000)
+    return Measurement.get(console, console.options, t).maximum
+
+
+def _node_table(report: DoctorReport) -> Table:
+    t = Table(title=f"doctor: {len(report.hosts)} nodes, head {report.head}", title_justify="left")
+    t.add_column("node", no_wrap=True)
+    for status in STATUS_ORDER:
+        t.add_column(status, justify="right")
+    t.add_column(f"not passed (of {len(CHECKS)} checks)")
+    for host in report.hosts:
+        statuses = {
+            check: (report.cells.get(check, {}).get(host) or Cell()).status for check in CHECKS
+        }
+        counts = [str(sum(1 for s in statuses.values() if s == status)) for status in STATUS_ORDER]
+        others = Text(", ").join(
+            Text(f"{check} {status}", style=STYLE[status])
+            for check, status in statuses.items()
+            if status != "pass"
+        )
+        t.add_row(host, *counts, others)
     return t
 
 

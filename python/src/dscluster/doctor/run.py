@@ -199,7 +199,7 @@ def require_healthy(inv: Inventory, *, master_port: int, console: Console, what:
     for line in problem_lines(report):
         console.print(line, markup=False, highlight=False)
     if not report.ok:
-        console.print(table(report))
+        console.print(table(report, console.width))
         raise DsclusterError(
             f"{summary_line(report)} — {what} not started (fix it, or pass --no-doctor)"
         )
