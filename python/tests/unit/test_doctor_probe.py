@@ -103,3 +103,57 @@ def test_a_listener_that_cannot_start_fails_in_one_line_and_leaves_nothing(tmp_p
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.strip() == "doctor's listener exited 1 before it bound its ports"
     assert list(tmp_path.iterdir()) == []
+
+
+# A stand-in for ssh: notes which host it was started for and how many logins are in flight
+# at that moment, then answers, after half a second, as the remote `date +%s.%N` would.
+STAND_IN_SSH = """#!/bin/sh
+for a; do host=$prev; prev=$a; done
+echo "$host" >> "$STATE/order"
+touch "$STATE/in.$host"
+ls "$STATE" | grep -c '^in[.]' >> "$STATE/in_flight"
+sleep 0.5
+rm -f "$STATE/in.$host"
+[ "$host" = refused ] && { echo "Permission denied (publickey)." >&2; exit 255; }
+date +%s.%N
+"""
+
+
+def test_ssh_logs_in_a_few_at_a_time_starting_after_this_node(tmp_path):
+    """`ssh` as the doctor role runs it (python3 -c <probe> ssh --hosts ... --me HOST): every
+    host answered in the play's order, never more than SSH_PARALLEL logins in flight, and
+    this node's first logins go to the hosts after it (all nodes starting with the first host
+    put every node's first login on one sshd, past its MaxStartups on more than 10 nodes)."""
+    probe = rolefiles.load("doctor", "doctor_probe.py")
+    bin_dir, state = tmp_path / "bin", tmp_path / "state"
+    bin_dir.mkdir()
+    state.mkdir()
+    (bin_dir / "ssh").write_text(STAND_IN_SSH)
+    (bin_dir / "ssh").chmod(0o755)
+    hosts = [f"n{i:02d}" for i in range(1, 12)] + ["refused"]
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STATE": str(state)}
+    env["USER"] = "ds"  # as become sets it (os.getlogin() needs a terminal)
+    argv = [sys.executable, "-c", PROBE.read_text(), "ssh", "--hosts", ",".join(hosts)]
+    done = subprocess.run(
+        [*argv, "--timeout", "3", "--me", "n05"],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads(done.stdout)["results"]
+    assert list(results) == hosts
+    assert all(results[h]["ok"] for h in hosts[:-1]), results
+    assert results["refused"] == {"ok": False, "error": "Permission denied (publickey)."}
+    in_flight = [int(n) for n in (state / "in_flight").read_text().split()]
+    assert max(in_flight) == probe.SSH_PARALLEL, in_flight
+    order = (state / "order").read_text().split()
+    assert sorted(order) == sorted(hosts)
+    first = probe.login_order(hosts, "n05")[: probe.SSH_PARALLEL]
+    assert sorted(order[: probe.SSH_PARALLEL]) == sorted(first) == ["n06", "n07", "n08", "n09"]
+    assert order[-1] == "n05" or "n05" in order[-probe.SSH_PARALLEL :]
+
+
+def test_login_order_starts_after_this_node_and_wraps_round():
+    probe = rolefiles.load("doctor", "doctor_probe.py")
+    assert probe.login_order(["a", "b", "c", "d"], "b") == ["c", "d", "a", "b"]
+    assert probe.login_order(["a", "b", "c", "d"], "d") == ["a", "b", "c", "d"]
+    assert probe.login_order(["a", "b"], "") == ["a", "b"]  # --me not given, or not a host

@@ -374,10 +374,31 @@ def ssh_one(host: str, timeout: int) -> dict:
     return {"ok": True, "offset_s": round(remote - arrived, 4), "rtt_s": round(arrived - start, 3)}
 
 
+# Logins in flight from one node at once, each node starting with the host after itself (as
+# cluster_ssh's login round): an sshd then has about this many connections being authenticated
+# at once, twice that where nodes are a few logins apart, under sshd's MaxStartups (10; past
+# it sshd drops new connections unauthenticated). All at once and in the same order, every
+# node's first login went to the first host: on more than 10 nodes, false "ssh" failures.
+SSH_PARALLEL = 4
+
+
+def login_order(hosts: list[str], me: str) -> list[str]:
+    """The hosts after `me` in the play's order, wrapping round to `me` last (as given when
+    `me` is not one of them)."""
+    if me not in hosts:
+        return list(hosts)
+    i = hosts.index(me)
+    return hosts[i + 1 :] + hosts[: i + 1]
+
+
 def cmd_ssh(args: argparse.Namespace) -> dict:
     hosts = [h for h in args.hosts.split(",") if h]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(64, len(hosts))) as pool:
-        results = dict(zip(hosts, pool.map(lambda h: ssh_one(h, args.timeout), hosts), strict=True))
+    order = login_order(hosts, args.me)
+    with concurrent.futures.ThreadPoolExecutor(
+        max_workers=max(1, min(SSH_PARALLEL, len(hosts)))
+    ) as pool:
+        done = dict(zip(order, pool.map(lambda h: ssh_one(h, args.timeout), order), strict=True))
+    results = {h: done[h] for h in hosts}  # in the play's order, whatever order they ran in
     return {"user": os.environ.get("USER") or os.getlogin(), "results": results}
 
 
@@ -431,6 +452,9 @@ def main(argv: list[str] | None = None) -> int:
     ssh = sub.add_parser("ssh")
     ssh.add_argument("--hosts", required=True)
     ssh.add_argument("--timeout", type=int, default=5)
+    ssh.add_argument(
+        "--me", default="", help="this node's name in --hosts: it logs in after the rest"
+    )
     pdsh = sub.add_parser("pdsh")
     pdsh.add_argument("--hosts", required=True)
     pdsh.add_argument("--timeout", type=int, default=10)
