@@ -206,6 +206,7 @@ WRITERS = {
     "ansible.builtin.blockinfile",
     "ansible.builtin.lineinfile",
     "ansible.builtin.replace",
+    "cluster_ssh_files",  # roles/cluster_ssh/library: the paths of its `files`
 }
 INCLUDES = {"ansible.builtin.include_tasks", "ansible.builtin.import_tasks"}
 
@@ -222,7 +223,9 @@ def _tags(task: dict) -> set[str]:
 def _writes_cluster_file(task: dict) -> bool:
     for module in WRITERS & task.keys():
         args = task[module] or {}
-        if CLUSTER_FILE.search(str(args.get("dest") or args.get("path") or "")):
+        dests = [args.get("dest") or args.get("path") or ""]
+        dests += [f.get("path", "") for f in args.get("files") or [] if isinstance(f, dict)]
+        if any(CLUSTER_FILE.search(str(dest)) for dest in dests):
             return True
     return False
 
