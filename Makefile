@@ -23,7 +23,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 # Python that roles ship to nodes (detectors, recorders): linted like python/.
-ROLE_PY = $(wildcard roles/*/files/*.py roles/*/files/*.fact roles/*/library/*.py examples/*/*.py plugins/*/*.py)
+ROLE_PY = $(wildcard roles/*/files/*.py roles/*/files/*.fact examples/*/*.py plugins/*/*.py)
 
 # Where named inventories live (inventories/<name>/hosts.yml).
 INVENTORIES ?= inventories

@@ -272,6 +272,13 @@ def ansible_env() -> dict[str, str]:
         # the collection's callbacks (jinja_cache, facts_memo: enabled in ansible.cfg) are
         # named here
         "ANSIBLE_CALLBACK_PLUGINS": str(root / "plugins" / "callback"),
+        # the collection's modules (cluster_ssh_files) by the short names its roles use, as
+        # ansible.cfg's `library`; a user's own module path after them
+        "ANSIBLE_LIBRARY": os.pathsep.join(
+            p
+            for p in (str(root / "plugins" / "modules"), os.environ.get("ANSIBLE_LIBRARY", ""))
+            if p
+        ),
         **callback_switches(),
     }
     if config.is_file():

@@ -1,4 +1,4 @@
-"""cluster_ssh's one-run writer (roles/cluster_ssh/library/cluster_ssh_files.py) run by Ansible
+"""cluster_ssh's one-run writer (plugins/modules/cluster_ssh_files.py) run by Ansible
 on localhost: ~/.ssh, the key pair, the key added to authorized_keys (other lines kept) and a
 whole file, each only where it differs; idempotent; check mode writes nothing; the secret
 never printed."""
@@ -21,7 +21,7 @@ PUBLIC = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIcluster dscluster\n"
 
 
 def run(tmp_path: pathlib.Path) -> tuple[int, dict | None, str]:
-    env = {**os.environ, "ANSIBLE_LIBRARY": str(rolefiles.path("cluster_ssh", "library"))}
+    env = {**os.environ, "ANSIBLE_LIBRARY": str(rolefiles.REPO / "plugins" / "modules")}
     extravars = {
         "dir": str(tmp_path),
         "secret": SECRET,

@@ -206,7 +206,7 @@ WRITERS = {
     "ansible.builtin.blockinfile",
     "ansible.builtin.lineinfile",
     "ansible.builtin.replace",
-    "cluster_ssh_files",  # roles/cluster_ssh/library: the paths of its `files`
+    "cluster_ssh_files",  # plugins/modules: the paths of its `files`
 }
 INCLUDES = {"ansible.builtin.include_tasks", "ansible.builtin.import_tasks"}
 

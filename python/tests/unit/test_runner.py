@@ -265,3 +265,14 @@ def test_a_run_that_lost_nothing_leaves_nothing_to_recover(tmp_path: pathlib.Pat
     events = pathlib.Path(result.config.artifact_dir) / "job_events"
     assert recover_lost_events(progress, events) == 0
     assert progress.artifacts == {"found": {"a": 1, "b": 1, "cc": 2}}
+
+
+def test_the_collection_modules_are_on_the_module_path(monkeypatch):
+    """The roles call the collection's own modules by short name (cluster_ssh_files): a
+    playbook run by the client finds them first, then a user's own ANSIBLE_LIBRARY."""
+    from dscluster import runner  # noqa: PLC0415
+
+    monkeypatch.setenv("ANSIBLE_LIBRARY", "/opt/mine")
+    first, mine = runner.ansible_env()["ANSIBLE_LIBRARY"].split(os.pathsep)
+    assert (pathlib.Path(first) / "cluster_ssh_files.py").is_file()
+    assert mine == "/opt/mine"
