@@ -120,16 +120,27 @@ def table(report: DoctorReport, width: int | None = None) -> Table:
     return _node_table(report)
 
 
+def _titled(report: DoctorReport) -> Table:
+    return Table(
+        title=f"doctor: {len(report.hosts)} nodes, head {report.head}", title_justify="left"
+    )
+
+
+def _status(report: DoctorReport, check: str, host: str) -> str:
+    """A cell's status without adding the cell (report.cell() would)."""
+    return (report.cells.get(check, {}).get(host) or Cell()).status
+
+
 def _wide_table(report: DoctorReport) -> Table:
-    t = Table(title=f"doctor: {len(report.hosts)} nodes, head {report.head}", title_justify="left")
+    t = _titled(report)
     t.add_column("check")
     for host in report.hosts:
         t.add_column(host)
     for check in CHECKS:
         row: list[str | Text] = [check]
         for host in report.hosts:
-            cell = report.cells.get(check, {}).get(host) or Cell()
-            row.append(Text(cell.status, style=STYLE[cell.status]))
+            status = _status(report, check, host)
+            row.append(Text(status, style=STYLE[status]))
         t.add_row(*row)
     return t
 
@@ -142,15 +153,13 @@ def _needed_width(t: Table) -> int:
 
 
 def _node_table(report: DoctorReport) -> Table:
-    t = Table(title=f"doctor: {len(report.hosts)} nodes, head {report.head}", title_justify="left")
+    t = _titled(report)
     t.add_column("node", no_wrap=True)
     for status in STATUS_ORDER:
         t.add_column(status, justify="right")
     t.add_column(f"not passed (of {len(CHECKS)} checks)")
     for host in report.hosts:
-        statuses = {
-            check: (report.cells.get(check, {}).get(host) or Cell()).status for check in CHECKS
-        }
+        statuses = {check: _status(report, check, host) for check in CHECKS}
         counts = [str(sum(1 for s in statuses.values() if s == status)) for status in STATUS_ORDER]
         others = Text(", ").join(
             Text(f"{check} {status}", style=STYLE[status])
