@@ -109,9 +109,12 @@ e2e: images ## End-to-end test: local cluster, provision, hostfile, smoke, DeepS
 # The shared cluster starts from the image the second cluster's bake module kept in an earlier
 # run of the same inputs (roles, playbooks, package, node image, wheelhouse), where there is
 # one: its provision is then a verify pass (python/tests/e2e/e2e_cluster.py, cached_image).
+# DSCLUSTER_TEST_CPU (here, e2e-second and installed): each session ends with its tests' CPU,
+# the controller's and its clusters' nodes' (python/tests/e2e/cpu_profile.py): the lanes share
+# two cores, so their wall times mislead.
 .PHONY: e2e-cluster
 e2e-cluster: images
-	DSCLUSTER_E2E_IMAGE_CACHE=1 bash scripts/pytest.sh -m "docker and not installed and not own_containers and not second_cluster" --durations=25
+	DSCLUSTER_E2E_IMAGE_CACHE=1 DSCLUSTER_TEST_CPU=$${DSCLUSTER_E2E_NAME:-e2e} bash scripts/pytest.sh -m "docker and not installed and not own_containers and not second_cluster" --durations=25
 	@$(lane_end)
 
 # The modules marked second_cluster (bake, grow and replace: about 10 of e2e's 40 minutes)
@@ -119,7 +122,7 @@ e2e-cluster: images
 # Not niced: beside e2e-cluster's tail it is the other long path.
 .PHONY: e2e-second
 e2e-second: images
-	DSCLUSTER_E2E_NAME=$${DSCLUSTER_E2E_NAME:-e2e}b bash scripts/pytest.sh -m "docker and second_cluster and not installed" --durations=10
+	DSCLUSTER_E2E_NAME=$${DSCLUSTER_E2E_NAME:-e2e}b DSCLUSTER_TEST_CPU=$${DSCLUSTER_E2E_NAME:-e2e}b bash scripts/pytest.sh -m "docker and second_cluster and not installed" --durations=10
 
 .PHONY: e2e-own
 e2e-own: images
@@ -127,7 +130,7 @@ e2e-own: images
 
 .PHONY: installed
 installed: images ## The wheel and collection installed away from the clone: static, local up, provision, smoke, FQCN roles
-	$(NICE) bash scripts/pytest.sh -m installed --durations=10
+	DSCLUSTER_TEST_CPU=$${DSCLUSTER_INSTALLED_NAME:-pipcl} $(NICE) bash scripts/pytest.sh -m installed --durations=10
 
 .PHONY: dist
 dist: venv ## Build the sdist, the wheel from it (both carry the collection) and the collection tarball into dist/

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from .. import rolefiles
+from . import cpu_profile
 from .e2e_cluster import NAME, NODES, REUSE, USE_IMAGE_CACHE, cached_image, docker, dsc
 
 # Distributions whose version and install time user_stack compares before and after.
@@ -119,3 +120,22 @@ def user_stack(cluster: pathlib.Path):
     proc = dsc("provision", "-i", str(cluster), "--tags", "ml_stack", timeout=1800)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     return proc, before, stack_versions(cluster)
+
+
+_PROFILE = cpu_profile.Profile() if cpu_profile.CLUSTERS else None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test's CPU (setup, call and teardown), where DSCLUSTER_TEST_CPU asks for it."""
+    began = _PROFILE.start() if _PROFILE else None
+    yield
+    if _PROFILE and began:
+        _PROFILE.end(item.nodeid, began)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _PROFILE and (lines := _PROFILE.lines()):
+        terminalreporter.section("CPU by test")
+        for line in lines:
+            terminalreporter.write_line(line)
