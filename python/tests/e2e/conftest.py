@@ -131,7 +131,18 @@ def pytest_runtest_protocol(item, nextitem):
     began = _PROFILE.start() if _PROFILE else None
     yield
     if _PROFILE and began:
-        _PROFILE.end(item.nodeid, began)
+        _PROFILE.end(item.nodeid, began, item.stash.get(_BEFORE_TEARDOWN, None))
+
+
+_BEFORE_TEARDOWN = pytest.StashKey[dict]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """The nodes' counters as the teardown begins: one may take its cluster down."""
+    if _PROFILE:
+        item.stash[_BEFORE_TEARDOWN] = cpu_profile.node_counters()
+    yield
 
 
 def pytest_terminal_summary(terminalreporter):

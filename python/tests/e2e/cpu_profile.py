@@ -10,7 +10,9 @@ unset, nothing is measured. The session ends with the tests that took the most, 
 totals: the figures to cut for a shorter make test (issue 16).
 
 A node restarted during a test (docker stop/start) starts its counter again: its part is
-then what it used since the start. A container removed during a test takes its count along.
+then what it used since the start. A container removed in a test's teardown (a module's
+cluster taken down after its last test) counts until the teardown began; one removed in the
+test itself takes its count along.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from dscluster.sources.local import LABEL
 from .. import rolefiles
 
 sys.path.insert(0, str(rolefiles.REPO / "scripts"))
-from bench_cpu import container_cpu_s  # noqa: E402
+from bench_cpu import container_cpu_s
 
 CLUSTERS = tuple(c for c in os.environ.get("DSCLUSTER_TEST_CPU", "").split(",") if c)
 SHOWN = 15
@@ -65,7 +67,9 @@ def node_counters() -> dict[str, float]:
 
 
 def controller_s() -> float:
-    own, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    own, children = (
+        resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
@@ -76,10 +80,18 @@ class Profile:
     def start(self) -> tuple[float, float, dict[str, float]]:
         return time.monotonic(), controller_s(), node_counters()
 
-    def end(self, test: str, began: tuple[float, float, dict[str, float]]) -> None:
+    def end(
+        self,
+        test: str,
+        began: tuple[float, float, dict[str, float]],
+        before_teardown: dict[str, float] | None = None,
+    ) -> None:
         wall0, ctrl0, nodes0 = began
+        now = node_counters()
+        # gone in the teardown: what it had used when the teardown began
+        last = {**(before_teardown or {}), **now}
         nodes = 0.0
-        for cid, cpu in node_counters().items():
+        for cid, cpu in last.items():
             before = nodes0.get(cid, 0.0)
             nodes += cpu - before if cpu >= before else cpu  # restarted: its count since then
         self.spent.append(Spent(test, time.monotonic() - wall0, controller_s() - ctrl0, nodes))

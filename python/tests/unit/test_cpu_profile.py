@@ -12,7 +12,9 @@ def test_a_cluster_name_covers_the_clusters_named_after_it(monkeypatch):
     monkeypatch.setattr(cpu_profile, "CLUSTERS", ("e2eb", "pipcl"))
     assert cpu_profile.ours("e2eb") and cpu_profile.ours("e2eb-bk") and cpu_profile.ours("pipcl")
     # the first lane's cluster is not the second's, nor one that only begins alike
-    assert not cpu_profile.ours("e2e") and not cpu_profile.ours("e2ebx") and not cpu_profile.ours("")
+    assert (
+        not cpu_profile.ours("e2e") and not cpu_profile.ours("e2ebx") and not cpu_profile.ours("")
+    )
 
 
 def test_nodes_count_what_they_used_during_the_test_a_restarted_one_since_its_start(monkeypatch):
@@ -55,4 +57,20 @@ def test_the_summary_puts_the_costliest_first_with_the_totals(monkeypatch):
     rows = lines[2:]
     assert len(rows) == cpu_profile.SHOWN
     assert rows[0].split()[-1] == f"t{cpu_profile.SHOWN + 4}" and rows[0].split()[0] == "20.0"
-    assert [float(r.split()[0]) for r in rows] == sorted((float(r.split()[0]) for r in rows), reverse=True)
+    assert [float(r.split()[0]) for r in rows] == sorted(
+        (float(r.split()[0]) for r in rows), reverse=True
+    )
+
+
+def test_a_cluster_taken_down_in_the_teardown_counts_until_the_teardown(monkeypatch):
+    monkeypatch.setattr(cpu_profile, "CLUSTERS", ("pipcl",))
+    nodes = {"n1": 10.0, "n2": 20.0}
+    monkeypatch.setattr(cpu_profile, "controller_s", lambda: 0.0)
+    monkeypatch.setattr(cpu_profile, "node_counters", lambda: dict(nodes))
+    profile = cpu_profile.Profile()
+    began = profile.start()
+    nodes.update(n1=40.0, n2=25.0)
+    before_teardown = cpu_profile.node_counters()
+    nodes.clear()  # local down in the module's teardown
+    profile.end("tests/e2e/test_x.py::test_last", began, before_teardown)
+    assert profile.spent[0].nodes_s == pytest.approx(30 + 5)
