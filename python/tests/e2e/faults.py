@@ -72,7 +72,7 @@ def install_other_deepspeed(container: str, version: str = "0.19.7") -> str:
     sh(
         container,
         "/opt/dscluster/venv/bin/pip install --quiet --disable-pip-version-check --no-deps "
-        f"--no-index --force-reinstall {wheel}",
+        f"--no-index --no-compile --force-reinstall {wheel}",
     )
     return sh(
         container,
