@@ -122,7 +122,8 @@ e2e-cluster: images
 # Not niced: beside e2e-cluster's tail it is the other long path.
 .PHONY: e2e-second
 e2e-second: images
-	DSCLUSTER_E2E_NAME=$${DSCLUSTER_E2E_NAME:-e2e}b DSCLUSTER_TEST_CPU=$${DSCLUSTER_E2E_NAME:-e2e}b bash scripts/pytest.sh -m "docker and second_cluster and not installed" --durations=10
+	name=$${DSCLUSTER_E2E_NAME:-e2e}b; \
+	  DSCLUSTER_E2E_NAME=$$name DSCLUSTER_TEST_CPU=$$name bash scripts/pytest.sh -m "docker and second_cluster and not installed" --durations=10
 
 .PHONY: e2e-own
 e2e-own: images
