@@ -19,6 +19,7 @@ says so in a warning) until a provision that succeeds on them clears the record.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as dt
 import json
@@ -156,6 +157,9 @@ class NodeFacts:
     # PYTHONPYCACHEPREFIX of the ranks (ml_stack_pycache_dir); "" when not recorded (facts from
     # before it, or ml_stack_pycache_dir "").
     pycache_dir: str = ""
+    # The kernel's boot id (accelerators.boot_id): nodes that report the same one are
+    # containers of one machine, sharing its cores; "" on facts from before it.
+    boot_id: str = ""
 
     @property
     def slots(self) -> int:
@@ -188,6 +192,7 @@ class NodeFacts:
                 nccl_env=nccl_env,
                 models=_models(acc),
                 pycache_dir=_text(data, "versions.pycache_dir", ""),
+                boot_id=_text(data, "accelerators.boot_id", ""),
             )
         except _FactsError as exc:
             where = f"{source}: " if source else ""
@@ -452,6 +457,23 @@ def _fabric_env(facts: list[NodeFacts]) -> tuple[dict[str, str], list[str]]:
     return env, warnings
 
 
+def omp_threads(facts: list[NodeFacts]) -> int:
+    """OMP threads a rank on CPU-only nodes: each machine's cores over the ranks of every node
+    on it, the least of them (.deepspeed_env has one value for all), at least 1.
+
+    Nodes that report the same kernel boot id are containers of one machine (a local
+    cluster, or containers on one remote Docker host): each sees all of its cores, so its own
+    cpus // slots would put cores x nodes threads on them, the idle ones spinning on the
+    cores the other nodes' ranks work on (3 local nodes on 2 cores beside other work: a smoke
+    job 20 % less node CPU and 11 % sooner with 1 thread a rank than with 2). A node without
+    a boot id counts as a machine of its own."""
+    machine = {f.host: f.boot_id or f"host {f.host}" for f in facts}
+    ranks: collections.Counter[str] = collections.Counter()
+    for f in facts:
+        ranks[machine[f.host]] += max(1, f.slots)
+    return min(max(1, f.cpus // ranks[machine[f.host]]) for f in facts)
+
+
 def derive_launch_env(
     facts: list[NodeFacts], extra: Mapping[str, str] | None = None
 ) -> tuple[dict[str, str], list[str]]:
@@ -482,8 +504,7 @@ def derive_launch_env(
     warnings += [note] if note else []
     kinds = {f.accelerator for f in facts}
     if kinds == {"cpu"}:
-        threads = min(max(1, f.cpus // max(1, f.slots)) for f in facts)
-        env["OMP_NUM_THREADS"] = str(threads)
+        env["OMP_NUM_THREADS"] = str(omp_threads(facts))
         # Accelerate (1.x) makes a process group on CPU-only nodes only when told the run is
         # on CPU: without this, every rank of an Accelerate script or an HF Trainer under
         # torchrun, mpi, srun or `accelerate launch` finds no backend and trains alone at world

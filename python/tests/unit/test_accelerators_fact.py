@@ -183,6 +183,17 @@ def test_container_markers(tmp_path):
     assert build(tmp_path)["container"] is True
 
 
+def test_boot_id_is_the_kernels(tmp_path):
+    assert build(tmp_path)["boot_id"] == ""  # no /proc under this root
+    proc = tmp_path / "proc" / "sys" / "kernel" / "random"
+    proc.mkdir(parents=True)
+    (proc / "boot_id").write_text("5f0c2a8e-3d1b-4c7e-9a61-0b2f4e8d7c13\n")
+    assert build(tmp_path)["boot_id"] == "5f0c2a8e-3d1b-4c7e-9a61-0b2f4e8d7c13"
+    for junk in ("", "not-a-uuid\n", "5F0C2A8E-3D1B-4C7E-9A61-0B2F4E8D7C13", "\xff\xfe"):
+        (proc / "boot_id").write_bytes(junk.encode("latin-1"))
+        assert build(tmp_path)["boot_id"] == ""
+
+
 def test_main_runs_on_this_machine_and_prints_the_schema():
     # The real collectors on the test machine (no accelerators here): the same script the
     # role installs, run the way Ansible runs a local fact.
@@ -204,6 +215,7 @@ def test_main_runs_on_this_machine_and_prints_the_schema():
         "hostname",
         "cpus",
         "container",
+        "boot_id",
         "script_sha1",
     }
     # the file that ran, which node_facts compares with its own copy to skip installing it
@@ -212,3 +224,6 @@ def test_main_runs_on_this_machine_and_prints_the_schema():
     assert fact["kind"] in ("cpu", "cuda", "hpu")
     assert (fact["kind"] == "cpu") == (fact["count"] == 0)
     assert fact["cpus"] >= 1
+    # this machine's kernel, as every container on it reads it
+    boot_id = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert fact["boot_id"] == boot_id

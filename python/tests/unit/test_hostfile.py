@@ -88,6 +88,62 @@ def test_derive_env_cpu_pins_interfaces_and_threads(inventory_dir):
     assert env["TORCH_EXTENSIONS_DIR"] == "/opt/ext"  # as recorded, not derived
 
 
+def machine_node(host: str, cpus: int, slots: int, boot_id: str) -> hostfile.NodeFacts:
+    return hostfile.NodeFacts(
+        host, "cpu", 0, slots, "eth0", "", "/opt/v", "/opt/ext", cpus, {}, boot_id=boot_id
+    )
+
+
+BOOT_A = "5f0c2a8e-3d1b-4c7e-9a61-0b2f4e8d7c13"
+BOOT_B = "0b2f4e8d-9a61-4c7e-3d1b-5f0c2a8e7c13"
+
+
+@pytest.mark.parametrize(
+    ("nodes", "threads"),
+    [
+        # 3 local nodes on 2 cores: one thread a rank, not each node's 2 cpus // 1 slot
+        ([("n1", 2, 1, BOOT_A), ("n2", 2, 1, BOOT_A), ("n3", 2, 1, BOOT_A)], 1),
+        ([("n1", 8, 2, BOOT_A), ("n2", 8, 2, BOOT_A)], 2),
+        ([("n1", 16, 1, BOOT_A), ("n2", 16, 1, BOOT_A), ("n3", 16, 1, BOOT_A)], 5),
+        ([(f"n{i}", 2, 1, BOOT_A) for i in range(16)], 1),
+        # machines of their own (EC2, bare metal): each its own cpus // slots, the least
+        ([("a", 8, 2, BOOT_A), ("b", 8, 4, BOOT_B)], 2),
+        # two containers on each of two machines
+        (
+            [
+                ("a1", 16, 2, BOOT_A),
+                ("a2", 16, 2, BOOT_A),
+                ("b1", 8, 1, BOOT_B),
+                ("b2", 8, 1, BOOT_B),
+            ],
+            4,
+        ),
+        # facts from before the boot id: every node a machine of its own, as before
+        ([("n1", 2, 1, ""), ("n2", 2, 1, ""), ("n3", 2, 1, "")], 2),
+        ([("n1", 1, 4, BOOT_A)], 1),
+    ],
+)
+def test_omp_threads_share_a_machines_cores_among_the_ranks_on_it(nodes, threads):
+    facts = [machine_node(*node) for node in nodes]
+    assert hostfile.omp_threads(facts) == threads
+    assert hostfile.derive_env(facts)["OMP_NUM_THREADS"] == str(threads)
+    # the user's dscluster_extra_env still has the last word
+    assert hostfile.derive_env(facts, {"OMP_NUM_THREADS": "7"})["OMP_NUM_THREADS"] == "7"
+
+
+def test_boot_id_is_read_from_the_recorded_accelerators_fact():
+    data = {
+        "accelerators": {"kind": "cpu", "count": 0, "cpus": 2, "boot_id": BOOT_A},
+        "versions": {"venv": "/opt/v", "torch_extensions_dir": "/opt/ext"},
+    }
+    assert hostfile.NodeFacts.from_json("n1", data).boot_id == BOOT_A
+    del data["accelerators"]["boot_id"]  # facts recorded before it
+    assert hostfile.NodeFacts.from_json("n1", data).boot_id == ""
+    data["accelerators"]["boot_id"] = ["x"]
+    with pytest.raises(DsclusterError, match=r"accelerators.boot_id is \['x'\], not text"):
+        hostfile.NodeFacts.from_json("n1", data)
+
+
 def test_derive_env_no_interface_pin_when_names_differ():
     facts = [
         hostfile.NodeFacts("a", "cuda", 4, 1, "eth0", "", "/opt/v", "/opt/ext", 8, {}),

@@ -10,8 +10,7 @@ from dscluster.errors import DsclusterError
 from dscluster.sources import cluster, local, names
 
 # What `dscluster local up --name demo --nodes 2 --slots 2` wrote before sources/ existed
-# (local._write_inventory), byte for byte, plus the ssh timeout of local nodes and the OMP
-# threads of the machine's cores over the cluster's ranks (issue 16; 8 cores, 2 nodes x 2).
+# (local._write_inventory), byte for byte, plus the ssh timeout of local nodes (issue 16).
 LOCAL_HOSTS_YML = """\
 ---
 # Written by `dscluster local up --name demo --nodes 2`: a local cluster
@@ -25,8 +24,6 @@ all:
     dscluster_shared_dir: /shared
     dscluster_shared_storage: external
     dscluster_cpu_slots: 2
-    dscluster_extra_env:
-      OMP_NUM_THREADS: 2
     base_apt_deb_cache: /var/cache/dscluster/debs
     ansible_user: root
     ansible_ssh_private_key_file: /s/key
@@ -56,31 +53,11 @@ def test_local_inventory_is_written_as_before(tmp_path: pathlib.Path):
         known_hosts=pathlib.Path("/s/kh"),
         cpu_slots=2,
         sdir=pathlib.Path("/s"),
-        host_cpus=8,
     )
     written = cluster.write(described, tmp_path)
     assert written.hosts_yml.read_text() == LOCAL_HOSTS_YML
     assert written.hostfile is None and not (tmp_path / "hostfile").exists()
     assert (described.head.name, described.total_slots) == ("demo-n1", 4)
-
-
-@pytest.mark.parametrize(
-    ("host_cpus", "nodes", "slots", "threads"),
-    [(2, 3, 1, 1), (8, 2, 2, 2), (16, 3, 1, 5), (2, 16, 1, 1), (64, 4, 2, 8)],
-)
-def test_local_ranks_share_the_machines_cores_among_their_omp_threads(
-    host_cpus: int, nodes: int, slots: int, threads: int
-):
-    described = local.describe(
-        "demo",
-        nodes=[local.Node(f"demo-n{i}", f"dsc-demo-n{i}", "10.0.0.9", "k") for i in range(nodes)],
-        key=pathlib.Path("/s/key"),
-        known_hosts=pathlib.Path("/s/kh"),
-        cpu_slots=slots,
-        sdir=pathlib.Path("/s"),
-        host_cpus=host_cpus,
-    )
-    assert described.vars["dscluster_extra_env"] == {"OMP_NUM_THREADS": threads}
 
 
 def test_writer_writes_nothing_when_the_hostfile_is_refused(tmp_path: pathlib.Path):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import pathlib
 import shutil
 import time
@@ -263,7 +262,6 @@ def describe(
     known_hosts: pathlib.Path,
     cpu_slots: int,
     sdir: pathlib.Path,
-    host_cpus: int | None = None,
 ) -> Cluster:
     """The local cluster as its inventory describes it (no hostfile: provision writes it
     from the slots the nodes report)."""
@@ -277,17 +275,6 @@ def describe(
             "dscluster_shared_dir": SHARED_PATH,
             "dscluster_shared_storage": "external",
             "dscluster_cpu_slots": cpu_slots,
-            # Every node container sees all of this machine's cores, so the thread count the
-            # hostfile derives from a node's own CPUs (cpus // slots) puts cores x nodes OMP
-            # threads on the cores: the ranks' idle threads spin on the cores the others work
-            # on. The machine's cores over every rank of the cluster instead (a smoke job on
-            # 3 nodes beside other work on 2 cores: 20 % less CPU, 11 % sooner with 1 than 2).
-            # A dscluster_extra_env of the user's own replaces this one.
-            "dscluster_extra_env": {
-                "OMP_NUM_THREADS": max(
-                    1, (host_cpus or os.cpu_count() or 1) // (len(nodes) * cpu_slots)
-                )
-            },
             "base_apt_deb_cache": DEB_CACHE_PATH,
             "ansible_user": "root",
             "ansible_ssh_private_key_file": str(key),
