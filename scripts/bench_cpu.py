@@ -60,22 +60,32 @@ def container_cpu_s(cid: str) -> float | None:
     return None
 
 
+def node_containers(cluster: str = "") -> list[tuple[str, str, str]]:
+    """(full id, name, cluster) of the running node containers of the local cluster
+    `cluster`, or of every local cluster when it is ""; none where docker does not answer
+    (a measurement never stops the bench or a test)."""
+    try:
+        out = subprocess.run(
+            ["docker", "ps", "--no-trunc", "--filter",
+             f"label={LABEL}={cluster}" if cluster else f"label={LABEL}",
+             "--format", f'{{{{.ID}}}} {{{{.Names}}}} {{{{.Label "{LABEL}"}}}}'],
+            capture_output=True, text=True, check=True, timeout=60,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return []
+    found = []
+    for line in out.splitlines():
+        cid, name, label = [*line.split(maxsplit=2), "", ""][:3]
+        if cid and name:
+            found.append((cid, name, label))
+    return found
+
+
 def split(cluster: str, cpu0: float) -> dict:
     """Unknown (None) node and controller parts where a node's counter or docker is not
     there: a bench step never stops the bench."""
     machine = machine_busy_s() - cpu0
-    per: dict[str, float | None] = {}
-    try:
-        out = subprocess.run(
-            ["docker", "ps", "--no-trunc", "--filter", f"label={LABEL}={cluster}",
-             "--format", "{{.ID}} {{.Names}}"],
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        out = ""
-    for line in out.splitlines():
-        cid, name = line.split()
-        per[name] = container_cpu_s(cid)
+    per = {name: container_cpu_s(cid) for cid, name, _ in node_containers(cluster)}
     known = [v for v in per.values() if v is not None]
     nodes = round(sum(known), 1) if per and len(known) == len(per) else None
     return {

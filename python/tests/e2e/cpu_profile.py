@@ -20,16 +20,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import resource
-import subprocess
 import sys
 import time
-
-from dscluster.sources.local import LABEL
 
 from .. import rolefiles
 
 sys.path.insert(0, str(rolefiles.REPO / "scripts"))
-from bench_cpu import container_cpu_s
+from bench_cpu import container_cpu_s, node_containers
 
 CLUSTERS = tuple(c for c in os.environ.get("DSCLUSTER_TEST_CPU", "").split(",") if c)
 SHOWN = 15
@@ -53,14 +50,8 @@ def ours(cluster: str) -> bool:
 
 def node_counters() -> dict[str, float]:
     """Container id -> CPU-seconds, for the running containers of the session's clusters."""
-    out = subprocess.run(
-        ["docker", "ps", "--no-trunc", "--filter", f"label={LABEL}",
-         "--format", f'{{{{.ID}}}} {{{{.Label "{LABEL}"}}}}'],
-        capture_output=True, text=True, check=False, timeout=60,
-    ).stdout  # fmt: skip
     found = {}
-    for line in out.splitlines():
-        cid, _, cluster = line.partition(" ")
+    for cid, _, cluster in node_containers():
         if ours(cluster) and (cpu := container_cpu_s(cid)) is not None:
             found[cid] = cpu
     return found

@@ -85,3 +85,52 @@ def test_calibrate_ms_is_the_figure_alone_for_the_bench_json(bench_cpu, capsys, 
     monkeypatch.setattr(bench_cpu, "time", types.SimpleNamespace(process_time=lambda: next(ticks)))
     assert bench_cpu.main(["bench_cpu.py", "calibrate-ms"]) == 0
     assert capsys.readouterr().out == "120\n"  # the best of the 5 rounds, a bare JSON number
+
+
+def fake_docker(tmp_path: pathlib.Path, monkeypatch, script: str) -> pathlib.Path:
+    """A `docker` first on PATH that runs `script` (sh) and records its arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    docker = bin_dir / "docker"
+    docker.write_text(f'#!/bin/sh\necho "$@" > "{tmp_path}/argv"\n{script}\n')
+    docker.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    return tmp_path / "argv"
+
+
+def test_node_containers_of_one_cluster_or_of_all(bench_cpu, tmp_path, monkeypatch):
+    argv = fake_docker(
+        tmp_path, monkeypatch, "printf 'aaa dsc-e2e-n1 e2e\\nbbb dsc-e2eb-bk-n1 e2eb-bk\\n'"
+    )
+    found = bench_cpu.node_containers()
+    assert found == [("aaa", "dsc-e2e-n1", "e2e"), ("bbb", "dsc-e2eb-bk-n1", "e2eb-bk")]
+    assert f"--filter label={bench_cpu.LABEL} " in argv.read_text()
+    bench_cpu.node_containers("e2e")
+    assert f"--filter label={bench_cpu.LABEL}=e2e " in argv.read_text()
+
+
+@pytest.mark.parametrize("script", ["echo 'Cannot connect' >&2; exit 1", "sleep 0; exit 127"])
+def test_node_containers_are_none_where_docker_does_not_answer(
+    bench_cpu, tmp_path, monkeypatch, script
+):
+    fake_docker(tmp_path, monkeypatch, script)
+    assert bench_cpu.node_containers() == []
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))  # no docker at all
+    assert bench_cpu.node_containers("e2e") == []
+
+
+def test_split_sums_the_clusters_nodes_and_leaves_the_rest_to_the_controller(
+    bench_cpu, tmp_path, monkeypatch
+):
+    fake_docker(tmp_path, monkeypatch, "printf 'aaa dsc-x-n1 x\\nbbb dsc-x-n2 x\\n'")
+    write(tmp_path / "docker" / "aaa" / "cpu.stat", "usage_usec 30000000\n")
+    write(tmp_path / "docker" / "bbb" / "cpu.stat", "usage_usec 12500000\n")
+    monkeypatch.setattr(bench_cpu, "machine_busy_s", lambda: 100.0)
+    assert bench_cpu.split("x", 40.0) == {
+        "machine_cpu_s": 60.0,
+        "nodes_cpu_s": 42.5,
+        "max_node_cpu_s": 30.0,
+        "controller_cpu_s": 17.5,
+    }
+    (tmp_path / "docker" / "bbb" / "cpu.stat").unlink()  # one node's counter is nowhere
+    assert bench_cpu.split("x", 40.0)["nodes_cpu_s"] is None
