@@ -7,8 +7,8 @@ node GB/s matrix. Then, for each configuration of the matrix (--zero stages, eac
 offload and with --offload where DeepSpeed allows it), each rank trains the same small model
 with a fresh DeepSpeed engine on its own data and the ranks exchange what they saw. Rank 0
 writes the report (after every configuration, so a later crash keeps the earlier results).
-After them a second bandwidth pass (each direction keeps its faster); if a direction still
-looks slow, every direction is measured again, for longer, before the report can name one.
+After them a second bandwidth pass (each direction keeps its faster); if the straggler rules
+would name a link or node, every direction is measured again, for longer, before the report can.
 Every rank exits 0 only if, in every configuration that ran, the loss fell on every rank and
 the parameter checksums agree across ranks. The communication backend is DeepSpeed's choice
 for the accelerator (gloo on CPU, NCCL on CUDA, HCCL on Gaudi). A collective that hangs ends at
@@ -29,9 +29,11 @@ import math
 import os
 import shutil
 import socket
+import statistics
 import sys
 import time
-from typing import Any
+from collections.abc import Hashable, Sequence
+from typing import Any, NamedTuple
 
 STAGES = (0, 1, 2, 3)
 OFFLOADS = ("none", "cpu", "nvme")
@@ -80,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--straggler-factor",
         type=float,
         default=2.0,
-        help="a direction below the fastest / this has every direction measured again, longer",
+        help="a link or node below the median / this is a straggler (measured again first)",
     )
     parser.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", "0")))
     return parser.parse_args(argv)
@@ -333,7 +335,7 @@ def p2p_bench(
     receiver has it all; the best of `iters` is kept (a slow link is slow every time,
     a busy moment of a shared machine is not). main() runs it twice, before and after the
     training configurations, and keeps each direction's faster pass (faster_pass); then
-    measures every direction again, for longer, if one still looks slow (recheck_plan),
+    measures every direction again, for longer, if a straggler would be named (recheck_plan),
     given here as `directions`: (node i, node j, timed messages), one direction at a time.
     """
     rank = dist.get_rank()
@@ -393,6 +395,65 @@ def suspects(gbps: list[list[float | None]], factor: float) -> list[tuple[int, i
     return [(i, j) for i, j, v in directions if v < fastest / factor]
 
 
+def link_bandwidths(
+    hosts: Sequence[Hashable], gbps: Sequence[Sequence[float | None]]
+) -> dict[tuple[Any, Any], float]:
+    """Each measured link's bandwidth: the slower of its two directions (gbps[i][j] is
+    node i -> node j). A link with a direction not measured is left out."""
+
+    def at(i: int, j: int) -> float | None:
+        return gbps[i][j] if i < len(gbps) and j < len(gbps[i]) else None
+
+    links = {}
+    for i, a in enumerate(hosts):
+        for j in range(i + 1, len(hosts)):
+            there, back = at(i, j), at(j, i)
+            if there is not None and back is not None:
+                links[(a, hosts[j])] = min(there, back)
+    return links
+
+
+class SlowBandwidth(NamedTuple):
+    """What the bandwidth rules name (bandwidth_stragglers), with the medians they used."""
+
+    nodes: list[tuple[Any, float]]  # (host, its median link GB/s)
+    node_median: float
+    links: list[tuple[tuple[Any, Any], float]]  # ((host, host), the link's GB/s)
+    link_median: float
+
+
+def bandwidth_stragglers(
+    hosts: Sequence[Hashable], gbps: Sequence[Sequence[float | None]], factor: float
+) -> SlowBandwidth:
+    """The straggler rules on bandwidth (dscluster.smoke.stragglers.find_stragglers reports
+    what they name; the job asks them before measuring again):
+
+    - a node whose median link bandwidth is below the median of the nodes' medians / factor;
+    - a link whose bandwidth is below the median link bandwidth / factor, unless one of its
+      nodes is a bandwidth straggler already (that node's line names the cause: one slow
+      NIC slows every link it is on, and those are not reported once more each).
+    Exactly at the threshold is not a straggler. With two nodes every measure is shared by
+    both (one link): nothing is named."""
+    links = link_bandwidths(hosts, gbps)
+    if not links:
+        return SlowBandwidth([], 0.0, [], 0.0)
+    per_node = {
+        host: statistics.median(bw for pair, bw in links.items() if host in pair)
+        for host in hosts
+        if any(host in pair for pair in links)
+    }
+    node_median = statistics.median(per_node.values())
+    nodes = [(host, bw) for host, bw in per_node.items() if bw < node_median / factor]
+    explained = {host for host, _ in nodes}
+    link_median = statistics.median(links.values())
+    slow_links = [
+        (pair, bw)
+        for pair, bw in links.items()
+        if bw < link_median / factor and not explained & set(pair)
+    ]
+    return SlowBandwidth(nodes, node_median, slow_links, link_median)
+
+
 def recheck_plan(
     gbps: list[list[float | None]],
     *,
@@ -406,14 +467,19 @@ def recheck_plan(
 
     A pass measures a direction for a few milliseconds (5 messages of 8 MiB); on a shared,
     busy host both passes can land in moments when a rank waits for a core. Nothing to do
-    while no direction is a suspect. Otherwise every direction is measured again (the suspects
+    while the straggler rules name nothing (bandwidth_stragglers): measuring again only
+    raises figures, and the report names only what they name; a direction below the fastest
+    / factor alone (a suspect) is not enough, it is one on most busy hosts' runs and its
+    recheck cost a 3-node job about 10 CPU-seconds of full-speed messages for nothing.
+    Otherwise every direction is measured again (the suspects
     and the ones they are compared with, alike: the best of more messages is faster, so
     the suspects alone would be judged against shorter measurements), each with as many
     messages as fill the same time at the speed it showed: `window_s`, or `budget_s` shared
     among them (at least `iters`, at most RECHECK_MAX_ITERS). A rate-limited direction is slow
     in every message and costs `iters` of them. Every rank computes the same plan from the
     same gathered matrix (the ranks must agree on it)."""
-    if not suspects(gbps, factor):
+    slow = bandwidth_stragglers(range(len(gbps)), gbps, factor)
+    if not (slow.nodes or slow.links):
         return []
     directions = measured(gbps)
     window = min(window_s, budget_s / len(directions))
@@ -696,7 +762,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # The second bandwidth pass, after the configurations: each direction keeps its faster.
     matrix = faster_pass(matrix, p2p_pass())
-    # If a direction still looks slow, all are measured again, longer, before one is named.
+    # If the rules would name a straggler, all are measured again, longer, before one is named.
     plan = recheck_plan(
         matrix,
         factor=args.straggler_factor,

@@ -5,12 +5,15 @@ with any of its launchers: deepspeed (pdsh), torchrun (c10d) or mpi (mpirun). On
 the whole matrix of ZeRO stages x offload (jobs/smoke_job.py) and a pairwise bandwidth pass;
 the straggler maths here is pure and runs on the controller over the job's report.
 
-stragglers.py: the straggler maths (pure); run.py: staging, launching and checking the job;
-tables.py: the report's tables; figure.py: its PNG (matplotlib, loaded only to draw).
+stragglers.py: the straggler maths (pure; the bandwidth rules are the job's own,
+jobs/smoke_job.py, which asks them before measuring again); run.py: staging, launching and
+checking the job; tables.py: the report's tables; figure.py: its PNG (matplotlib, loaded only
+to draw).
 """
 
 from __future__ import annotations
 
+from ..jobs.smoke_job import link_bandwidths
 from ..launch import lost_nodes
 from .run import job_source, run_smoke
 from .stragglers import (
@@ -18,7 +21,6 @@ from .stragglers import (
     Straggler,
     find_stragglers,
     host_step_times,
-    link_bandwidths,
     report_stragglers,
 )
 from .tables import bandwidth_table, config_table, configs_label, link_table, rank_table

@@ -9,6 +9,10 @@ from typing import Any
 
 from ..errors import DsclusterError
 
+# The bandwidth rules live in the smoke job (it asks them before measuring again, on the
+# nodes, where nothing of dscluster is installed); the report names what they name.
+from ..jobs.smoke_job import bandwidth_stragglers
+
 DEFAULT_STRAGGLER_FACTOR = 2.0
 
 
@@ -44,24 +48,6 @@ class Straggler:
         return {**dataclasses.asdict(self), "nodes": list(self.nodes), "message": self.message}
 
 
-def link_bandwidths(
-    hosts: Sequence[str], gbps: Sequence[Sequence[float | None]]
-) -> dict[tuple[str, str], float]:
-    """Each measured link's bandwidth: the slower of its two directions (gbps[i][j] is
-    node i -> node j). A link with a direction not measured is left out."""
-
-    def at(i: int, j: int) -> float | None:
-        return gbps[i][j] if i < len(gbps) and j < len(gbps[i]) else None
-
-    links = {}
-    for i, a in enumerate(hosts):
-        for j in range(i + 1, len(hosts)):
-            there, back = at(i, j), at(j, i)
-            if there is not None and back is not None:
-                links[(a, hosts[j])] = min(there, back)
-    return links
-
-
 def find_stragglers(
     hosts: Sequence[str],
     gbps: Sequence[Sequence[float | None]],
@@ -70,38 +56,24 @@ def find_stragglers(
 ) -> list[Straggler]:
     """Links and nodes slower than the median by more than `factor`.
 
-    - a node whose median link bandwidth is below the median of the nodes' medians / factor;
-    - a link whose bandwidth is below the median link bandwidth / factor, unless one of its
-      nodes is a bandwidth straggler already (that node's line names the cause: one slow
-      NIC slows every link it is on, and those are not reported once more each);
+    - the bandwidth rules (smoke_job.bandwidth_stragglers): a node whose median link
+      bandwidth is below the median of the nodes' medians / factor; a link below the median
+      link bandwidth / factor, unless one of its nodes is named already;
     - a node whose mean step time (step_s: host -> seconds) is above the median * factor.
     Exactly at the threshold is not a straggler. With two nodes every measure is shared by
     both (one link), so only a difference in step time can single one out.
     """
     if factor < 1:
         raise DsclusterError(f"--straggler-factor {factor:g} is below 1; use 2 for 'twice as slow'")
-    found: list[Straggler] = []
-    links = link_bandwidths(hosts, gbps)
-    if links:
-        per_node = {
-            host: statistics.median(bw for pair, bw in links.items() if host in pair)
-            for host in hosts
-            if any(host in pair for pair in links)
-        }
-        node_median = statistics.median(per_node.values())
-        slow_nodes = [
-            Straggler("node", (host,), "bandwidth", bw, node_median, factor)
-            for host, bw in per_node.items()
-            if bw < node_median / factor
-        ]
-        explained = {s.nodes[0] for s in slow_nodes}
-        median = statistics.median(links.values())
-        found += [
-            Straggler("link", pair, "bandwidth", bw, median, factor)
-            for pair, bw in links.items()
-            if bw < median / factor and not explained & set(pair)
-        ]
-        found += slow_nodes
+    slow = bandwidth_stragglers(hosts, gbps, factor)
+    found = [
+        Straggler("link", pair, "bandwidth", bw, slow.link_median, factor)
+        for pair, bw in slow.links
+    ]
+    found += [
+        Straggler("node", (host,), "bandwidth", bw, slow.node_median, factor)
+        for host, bw in slow.nodes
+    ]
     if step_s:
         median = statistics.median(step_s.values())
         found += [
