@@ -468,10 +468,10 @@ def recheck_plan(
     A pass measures a direction for a few milliseconds (5 messages of 8 MiB); on a shared,
     busy host both passes can land in moments when a rank waits for a core. Nothing to do
     while the straggler rules name nothing (bandwidth_stragglers): measuring again only
-    raises figures, and the report names only what they name; a direction below the fastest
-    / factor alone (a suspect) is not enough, it is one on most busy hosts' runs and its
-    recheck cost a 3-node job about 10 CPU-seconds of full-speed messages for nothing.
-    Otherwise every direction is measured again (the suspects
+    raises figures, and the report names only what they name. A direction below the fastest
+    / factor alone (a suspect) is not enough: about one 3-node run in five on a 2-core host
+    had one with nothing to name, and its recheck cost the job some 10 CPU-seconds of
+    full-speed messages. Otherwise every direction is measured again (the suspects
     and the ones they are compared with, alike: the best of more messages is faster, so
     the suspects alone would be judged against shorter measurements), each with as many
     messages as fill the same time at the speed it showed: `window_s`, or `budget_s` shared
