@@ -9,9 +9,13 @@ that was ten round trips per node and about 11 s of a 16-node provision on 2 cor
 from __future__ import annotations
 
 import os
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+
+try:
+    from ansible_collections.dscluster.cluster.plugins.module_utils import safe_fs
+except ImportError:  # a clone's roles run by plain ansible-playbook: ansible.cfg's module_utils
+    from ansible.module_utils import safe_fs  # type: ignore[no-redef]
 
 DOCUMENTATION = r"""
 module: cluster_ssh_files
@@ -19,7 +23,10 @@ short_description: Write the cluster's SSH files on a node in one run
 description:
   - Makes a directory, writes files whole (one of them secret, never shown), and adds a line
     to a file where no line holds its match, each with an owner, a group and a mode; only
-    what differs is written, atomically (Ansible's atomic_move, SELinux contexts kept).
+    what differs is written, atomically (a file made beside it, renamed over it).
+  - Root never follows a link there (the training user owns ~/.ssh). Every directory is opened
+    from / without following links, and a link, a FIFO, a file with other hard links, or a file
+    or directory of another owner is refused with one line naming it.
   - Check mode says what would change and writes nothing; diff mode shows the public files.
 options:
   directory:
@@ -73,37 +80,6 @@ written:
 """
 
 
-def _attrs(module: AnsibleModule, path: str, spec: dict, changed: bool) -> bool:
-    """Owner, group and mode as `spec` says; True where one differed (check mode: would)."""
-    args = {"path": path, "owner": spec.get("owner"), "group": spec.get("group")}
-    args["mode"] = spec.get("mode")
-    return module.set_fs_attributes_if_different(module.load_file_common_arguments(args), changed)
-
-
-def _read(path: str) -> bytes | None:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except FileNotFoundError:
-        return None
-
-
-def _write(module: AnsibleModule, path: str, data: bytes, mode: str | None) -> None:
-    """The whole file, atomically: a temporary file beside it, then atomic_move over it. A
-    new file is first made empty at its own mode: atomic_move gives a file it creates the
-    umask's mode (0644 for a moment, for a private key too) until the attributes are set."""
-    if not os.path.lexists(path):
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, int(mode or "0600", 8)))
-    fd, tmp = tempfile.mkstemp(prefix=".cluster_ssh_files.", dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        module.atomic_move(tmp, path, unsafe_writes=False)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def _need(spec: dict, *keys: str) -> None:
     missing = [k for k in keys if k not in spec or spec[k] is None]
     if missing:
@@ -115,58 +91,107 @@ class Run:
 
     def __init__(self, module: AnsibleModule) -> None:
         self.module = module
+        self.check = module.check_mode
         self.changed = False
         self.written: list[str] = []
         self.diffs: list[dict] = []
+        self.pending: set[str] = set()  # directories check mode would make
 
-    def attrs(self, path: str, spec: dict) -> None:
-        if os.path.lexists(path):
-            self.changed = _attrs(self.module, path, spec, self.changed)
+    @staticmethod
+    def _who(spec: dict) -> tuple[int, int, int]:
+        uid = safe_fs.uid_of(spec.get("owner"))
+        return uid, safe_fs.gid_of(spec.get("group"), uid), safe_fs.mode_of(spec.get("mode"), 0o600)
+
+    def _parent(self, path: str, uid: int) -> int | None:
+        """The directory holding `path`, opened and checked; None where check mode would make it."""
+        parent = os.path.dirname(path)
+        if parent in self.pending:
+            return None
+        trusted = frozenset({0, uid})
+        fd, _ = safe_fs.walk(parent, trusted)
+        assert fd is not None
+        try:
+            safe_fs.check_dir(fd, parent, trusted)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def directory(self, spec: dict) -> None:
         _need(spec, "path")
-        path = spec["path"]
-        if not os.path.isdir(path):
-            if os.path.lexists(path):
-                raise ValueError(f"{path} exists and is not a directory")
-            if not self.module.check_mode:
-                os.mkdir(path, 0o700)
+        path = spec["path"].rstrip("/")
+        uid, gid, mode = self._who(spec)
+        parent = self._parent(path, uid)
+        if parent is None:
+            raise ValueError(f"{os.path.dirname(path)} does not exist")
+        try:
+            fd, made, changed = safe_fs.ensure_dir(
+                parent, os.path.basename(path), path, uid, gid, mode, self.check
+            )
+        finally:
+            os.close(parent)
+        if fd is None:
+            self.pending.add(path)
+        else:
+            os.close(fd)
+        self.changed = self.changed or changed
+        if made:
             self.written.append(path)
-            self.changed = True
-        self.attrs(path, spec)
+
+    def _update(self, spec: dict, after_of, show: bool) -> None:
+        """Read the file (refusing what root must not follow), write what after_of(before)
+        returns where it differs, then its owner, group and mode."""
+        path = spec["path"]
+        uid, gid, mode = self._who(spec)
+        parent = self._parent(path, uid)
+        if parent is None:
+            self._wrote(path, b"", after_of(b""), show)
+            return
+        name = os.path.basename(path)
+        try:
+            before = safe_fs.read_file(parent, name, path, frozenset({0, uid}))
+            after = after_of(before or b"")
+            if before != after:
+                self._wrote(path, before or b"", after, show)
+                if not self.check:
+                    safe_fs.write_file(parent, name, after, uid, gid, mode)
+            else:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=parent)
+                try:
+                    self.changed = safe_fs.attrs(fd, uid, gid, mode, self.check) or self.changed
+                finally:
+                    os.close(fd)
+        finally:
+            os.close(parent)
+
+    def _wrote(self, path: str, before: bytes, after: bytes, show: bool) -> None:
+        if show and self.module._diff:
+            self.diffs.append(
+                {
+                    "before_header": path,
+                    "after_header": path,
+                    "before": before.decode(errors="replace"),
+                    "after": after.decode(errors="replace"),
+                }
+            )
+        self.written.append(path)
+        self.changed = True
 
     def whole(self, spec: dict, content: str, show: bool) -> None:
         _need(spec, "path")
-        path = spec["path"]
-        before = _read(path)
-        if before != content.encode():
-            if show and self.module._diff:
-                self.diffs.append(
-                    {
-                        "before_header": path,
-                        "after_header": path,
-                        "before": (before or b"").decode(errors="replace"),
-                        "after": content,
-                    }
-                )
-            if not self.module.check_mode:
-                _write(self.module, path, content.encode(), spec.get("mode"))
-            self.written.append(path)
-            self.changed = True
-        self.attrs(path, spec)
+        self._update(spec, lambda _before: content.encode(), show)
 
     def line(self, spec: dict) -> None:
         _need(spec, "path", "line", "match")
-        path = spec["path"]
-        text = (_read(path) or b"").decode()
-        if not any(spec["match"] in existing for existing in text.splitlines()):
+
+        def added(before: bytes) -> bytes:
+            text = before.decode()
+            if any(spec["match"] in existing for existing in text.splitlines()):
+                return before
             after = text + ("" if text == "" or text.endswith("\n") else "\n")
-            after += spec["line"].rstrip("\n") + "\n"
-            if not self.module.check_mode:
-                _write(self.module, path, after.encode(), spec.get("mode"))
-            self.written.append(path)
-            self.changed = True
-        self.attrs(path, spec)
+            return (after + spec["line"].rstrip("\n") + "\n").encode()
+
+        self._update(spec, added, show=True)
 
 
 def main() -> None:
@@ -193,7 +218,7 @@ def main() -> None:
             run.whole(p["secret"], p["secret_content"], show=False)
         if p["line"]:
             run.line(p["line"])
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError, KeyError, UnicodeDecodeError, safe_fs.UnsafePath) as exc:
         module.fail_json(msg=f"cluster_ssh_files: {exc}", written=run.written)
     result: dict = {"changed": run.changed, "written": run.written}
     if run.diffs:

@@ -89,6 +89,16 @@ def test_baked_image_is_one_layer_without_the_nodes_identity(cluster: pathlib.Pa
         f"wc -c < /etc/machine-id; test -x {venv}/bin/python && echo venv"
     )
     assert found.splitlines() == ["0", "venv"], found
+    # Anywhere in the image's files, not only where a node keeps them: no key by its name, and
+    # no private key by its content where configuration and state live
+    leaked = docker(
+        "run", "--rm", "--entrypoint", "/bin/sh", TAG, "-c",
+        "find / -xdev \\( -name authorized_keys -o -name 'authorized_keys2' -o -name id_ed25519 "
+        "-o -name id_rsa -o -name id_ecdsa -o -name 'ssh_host_*_key' -o -name munge.key \\) "
+        "-print 2>/dev/null; grep -rlI -e 'PRIVATE KEY-----' /etc /root /home /var/lib "
+        "/var/spool /usr/local/etc /opt/dscluster/bin 2>/dev/null; true",
+    )  # fmt: skip
+    assert leaked.split() == [], leaked
     # What a rank imports (DeepSpeed's engine, its per-node launcher) is read as the training
     # user from the prefix the image carries: no module compiled from its source
     prefix = facts["versions"]["pycache_dir"]

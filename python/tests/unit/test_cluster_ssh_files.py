@@ -21,7 +21,11 @@ PUBLIC = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIcluster dscluster\n"
 
 
 def run(tmp_path: pathlib.Path) -> tuple[int, dict | None, str]:
-    env = {**os.environ, "ANSIBLE_LIBRARY": str(rolefiles.REPO / "plugins" / "modules")}
+    env = {
+        **os.environ,
+        "ANSIBLE_LIBRARY": str(rolefiles.REPO / "plugins" / "modules"),
+        "ANSIBLE_MODULE_UTILS": str(rolefiles.REPO / "plugins" / "module_utils"),
+    }
     extravars = {
         "dir": str(tmp_path),
         "secret": SECRET,
@@ -77,3 +81,82 @@ def test_writes_what_differs_once_keeps_other_keys_and_never_prints_the_secret(t
     assert checked["changed"] is True and checked["written"] == [str(known_hosts)]
     assert checked["diff"][0]["after"] == "other"
     assert known_hosts.read_text() == "n1 ssh-ed25519 AAAAn1\nn2 ssh-ed25519 AAAAn2\n"
+
+
+CASES = pathlib.Path(__file__).parent / "playbooks" / "cluster_ssh_files_cases.yml"
+ROOT_ONLY = "root:$y$j9T$secrethash:20790:0:99999:7:::\n"
+
+
+def run_cases(cases: list[dict]) -> list[tuple[str, bool]]:
+    env = {
+        **os.environ,
+        "ANSIBLE_LIBRARY": str(rolefiles.REPO / "plugins" / "modules"),
+        "ANSIBLE_MODULE_UTILS": str(rolefiles.REPO / "plugins" / "module_utils"),
+    }
+    extravars = {"cases": cases, "ansible_python_interpreter": sys.executable}
+    _, result, out = rolefiles.run_local_play(CASES, extravars, "RESULT", env=env)
+    assert result is not None, out[-3000:]
+    assert ROOT_ONLY.split(":")[1] not in out  # the target's content is never read out
+    return [tuple(r) for r in result]
+
+
+def test_links_fifos_hard_links_and_foreign_files_in_ssh_dir_are_refused(tmp_path):
+    """The training user owns ~/.ssh, so anything in it may be a trap laid for root: a link to
+    /etc/shadow, a FIFO (a read that never returns), a hard link to a root-only file, a file of
+    another user, ~/.ssh itself a link. Each write is refused with one line naming the path;
+    nothing is read from or written to the target, and the trap is left as it was."""
+    secret = tmp_path / "shadow"
+    secret.write_text(ROOT_ONLY)
+    secret.chmod(0o600)
+    elsewhere = tmp_path / "root-only"
+    elsewhere.mkdir(mode=0o700)
+    cases, expect = [], []
+    for i, (kind, name) in enumerate(
+        [
+            ("symlink", "authorized_keys"),
+            ("symlink", "id_ed25519.pub"),
+            ("symlink", "id_ed25519"),
+            ("fifo", "authorized_keys"),
+            ("hardlink", "authorized_keys"),
+            ("foreign", "authorized_keys"),
+            ("dir-symlink", ".ssh"),
+        ]
+    ):
+        home = tmp_path / f"home{i}"
+        home.mkdir()
+        ssh = home / ".ssh"
+        if kind == "dir-symlink":
+            ssh.symlink_to(elsewhere)
+        else:
+            ssh.mkdir(mode=0o700)
+        trap = ssh / name
+        if kind == "symlink":
+            trap.symlink_to(secret)
+        elif kind == "fifo":
+            os.mkfifo(trap)
+        elif kind == "hardlink":
+            os.link(secret, trap)
+        elif kind == "foreign":
+            trap.write_text("ssh-ed25519 AAAAforeign\n")
+            os.chown(trap, 65534, 65534)
+        args: dict = {"directory": {"path": str(ssh), "mode": "0700"}}
+        if name == "id_ed25519":
+            args |= {"secret": {"path": str(trap), "mode": "0600"}, "secret_content": SECRET}
+        elif name == "id_ed25519.pub":
+            args |= {"files": [{"path": str(trap), "content": PUBLIC, "mode": "0644"}]}
+        else:
+            line = {"path": str(ssh / "authorized_keys"), "line": PUBLIC, "mode": "0600"}
+            args |= {"line": line | {"match": " ".join(PUBLIC.split()[:2])}}
+        cases.append(args)
+        expect.append((kind, str(ssh if kind == "dir-symlink" else trap)))
+
+    results = run_cases(cases)
+    assert len(results) == len(expect)
+    for (msg, failed), (kind, path) in zip(results, expect, strict=True):
+        assert failed, (kind, msg)
+        assert msg.startswith(f"cluster_ssh_files: {path} "), (kind, msg)
+        assert "\n" not in msg.strip(), msg
+    assert secret.read_text() == ROOT_ONLY and stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert secret.stat().st_uid == 0 and secret.stat().st_nlink == 2  # the hard link kept
+    assert list(elsewhere.iterdir()) == []
+    assert (tmp_path / "home0" / ".ssh" / "authorized_keys").is_symlink()

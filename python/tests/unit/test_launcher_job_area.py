@@ -1,7 +1,7 @@
-"""deepspeed_launcher's job area (tasks/configure.yml): one reading of the directories
-(files/dir_state.py), then each write skipped while its directory already reads as the write
-would leave it: a missing directory, another mode or another owner runs the module again,
-which mends it. On shared storage the shared writer's reading decides the job area."""
+"""deepspeed_launcher's job area (tasks/configure.yml, the cluster_dirs module): the
+directories and their parents made once, nothing changed on a converged node, a mode or a
+missing directory mended; and what the training user could plant on the way (a link, a
+directory of its own, a parent it can write) refused in one line, nothing followed."""
 
 from __future__ import annotations
 
@@ -14,15 +14,19 @@ import sys
 from .. import rolefiles
 
 PLAYBOOK = pathlib.Path(__file__).parent / "playbooks" / "launcher_job_area.yml"
-PARENTS = "Create the parents of the node-local directories"
-SCRATCH = "Create the node-local scratch directory"
-AREA = "Create the job area and the checkpoint directory"
+LOCAL = "Make the node-local directories"
+AREA = "Make the job area and the checkpoint directory on shared storage"
 USER = pwd.getpwuid(os.getuid()).pw_name
 
 
-def play(root: pathlib.Path, storage: str = "none") -> tuple[int, dict | None, str]:
-    """configure.yml on localhost with the directories under root: rc, reading, output."""
-    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(rolefiles.ROLES))
+def play(root: pathlib.Path, storage: str = "none") -> tuple[int, str]:
+    """configure.yml on localhost with the directories under root: rc and output."""
+    env = dict(
+        os.environ,
+        ANSIBLE_ROLES_PATH=str(rolefiles.ROLES),
+        ANSIBLE_LIBRARY=str(rolefiles.REPO / "plugins" / "modules"),
+        ANSIBLE_MODULE_UTILS=str(rolefiles.REPO / "plugins" / "module_utils"),
+    )
     extra = {
         "ansible_python_interpreter": sys.executable,
         "deepspeed_launcher_user": USER,
@@ -32,84 +36,107 @@ def play(root: pathlib.Path, storage: str = "none") -> tuple[int, dict | None, s
         "deepspeed_launcher_job_root": str(root / "shared" / "jobs"),
         "deepspeed_launcher_checkpoint_dir": str(root / "node" / "ckpt" / "checkpoints"),
     }
-    return rolefiles.run_local_play(PLAYBOOK, extra, "AREA", env=env)
+    rc, _, out = rolefiles.run_local_play(PLAYBOOK, extra, "DONE", env=env)
+    return rc, out
 
 
-def run(root: pathlib.Path, storage: str = "none") -> tuple[dict, dict[str, str]]:
-    """One run that must pass: the reading, and each write's status ('changed', 'ok',
-    'skipping'; a loop's 'changed' where any item changed)."""
-    rc, seen, out = play(root, storage)
-    assert rc == 0 and seen is not None, out
+def run(root: pathlib.Path, storage: str = "none") -> dict[str, str]:
+    """One run that must pass: each task's status ('changed', 'ok', 'skipping')."""
+    rc, out = play(root, storage)
+    assert rc == 0, out
     status = {}
-    for name in (PARENTS, SCRATCH, AREA):
+    for name in (LOCAL, AREA):
         block = out.split(f"TASK [deepspeed_launcher : {name}]", 1)[1].split("TASK [", 1)[0]
         found = set(re.findall(r"^(changed|ok|skipping):", block, re.M))
         assert found, block[:2000]
         status[name] = "changed" if "changed" in found else found.pop()
-    return seen, status
+    return status
 
 
 def mode(path: pathlib.Path) -> str:
     return oct(path.stat().st_mode & 0o7777)
 
 
-def test_the_job_area_is_made_then_skipped_until_a_directory_differs(tmp_path):
+def test_the_job_area_is_made_then_left_alone_until_a_directory_differs(tmp_path):
     scratch = tmp_path / "local" / "scratch"
     jobs = tmp_path / "shared" / "jobs"
     ckpt = tmp_path / "node" / "ckpt" / "checkpoints"
     (tmp_path / "shared").mkdir()
-    seen, status = run(tmp_path)
-    assert seen[str(scratch)] is None and seen[str(jobs)] is None
-    assert status == {PARENTS: "changed", SCRATCH: "changed", AREA: "changed"}
+    assert run(tmp_path) == {LOCAL: "changed", AREA: "skipping"}
     assert [mode(scratch), mode(jobs), mode(ckpt)] == ["0o750", "0o755", "0o755"]
-    assert mode(ckpt.parent) == "0o755"
-    # converged: the reading says so, every write skipped
-    seen, status = run(tmp_path)
-    assert seen[str(scratch)] == {"isdir": True, "owner": USER, "mode": "0750"}
-    assert set(status.values()) == {"skipping"}
-    # the scratch directory opened to others: the file module closes it again, alone
+    assert mode(ckpt.parent) == "0o755" and ckpt.parent.stat().st_uid == 0
+    # converged: nothing changes
+    assert run(tmp_path) == {LOCAL: "ok", AREA: "skipping"}
+    # the scratch directory opened to others: closed again
     scratch.chmod(0o777)
-    _, status = run(tmp_path)
-    assert status == {PARENTS: "skipping", SCRATCH: "changed", AREA: "skipping"}
+    assert run(tmp_path)[LOCAL] == "changed"
     assert mode(scratch) == "0o750"
     # the checkpoint directory and its parent gone: both made again
     ckpt.rmdir()
     ckpt.parent.rmdir()
-    _, status = run(tmp_path)
-    assert status == {PARENTS: "changed", SCRATCH: "skipping", AREA: "changed"}
+    assert run(tmp_path)[LOCAL] == "changed"
     assert mode(ckpt) == "0o755"
-    # a plain file where the job area belongs: not taken for it (the module then refuses it)
+    # a plain file where the job area belongs: refused, left as it is
     jobs.rmdir()
     jobs.write_text("")
-    rc, _, out = play(tmp_path)
+    rc, out = play(tmp_path)
     assert rc != 0
-    refused = rf"failed: \[localhost\] \(item={re.escape(str(jobs))}\).*already exists as a file"
-    assert re.search(refused, out), out
+    assert f"cluster_dirs: {jobs} is not a directory" in out, out
+    assert jobs.is_file()
     jobs.unlink()
 
 
-def test_on_shared_storage_the_writers_reading_decides_the_job_area(tmp_path):
+def test_on_shared_storage_the_writer_makes_the_job_area(tmp_path):
     jobs = tmp_path / "shared" / "jobs"
     (tmp_path / "shared").mkdir()
-    _, status = run(tmp_path, storage="nfs")
-    # on shared storage the checkpoint directory's parent is not made as a node-local one
-    assert status == {PARENTS: "changed", SCRATCH: "changed", AREA: "changed"}
+    assert run(tmp_path, storage="nfs") == {LOCAL: "changed", AREA: "changed"}
+    # on shared storage the checkpoint directory's parent is made by the writer, with it
     assert mode(jobs) == "0o755"
-    seen, status = run(tmp_path, storage="nfs")
-    # the shared writer reads the job area (a node that is not the writer leaves it out)
-    assert seen[str(jobs)] == {"isdir": True, "owner": USER, "mode": "0755"}
-    assert set(status.values()) == {"skipping"}
+    assert run(tmp_path, storage="nfs") == {LOCAL: "ok", AREA: "ok"}
     jobs.rmdir()
-    _, status = run(tmp_path, storage="nfs")
-    assert status == {PARENTS: "skipping", SCRATCH: "skipping", AREA: "changed"}
+    assert run(tmp_path, storage="nfs") == {LOCAL: "ok", AREA: "changed"}
     assert mode(jobs) == "0o755"
 
 
-def test_both_directory_readings_say_what_the_file_module_would_leave(tmp_path):
-    """dir_state.py (this role) and record_versions.py's DIR arguments (ml_stack's reading
-    before installing) read a directory the same way: owner by name (the uid where no account
-    has it), the permission bits as a file module's mode, a file as no directory, null where
-    nothing is."""
+def test_what_the_training_user_plants_is_refused_never_followed(tmp_path):
+    """The shared tree as the old NFS default left it (its root writable by the training
+    user): that user renames the tree and plants links to system directories where root makes
+    the job area. Root refuses in one line naming the path; the targets keep their owner and
+    mode. A link in place of a leaf, and a leaf of another user, are refused as well."""
+    if os.getuid() != 0:
+        return
+    target = tmp_path / "etc"
+    target.mkdir(mode=0o755)
+    (tmp_path / "shared").mkdir()
+    os.chown(tmp_path / "shared", 2000, 2000)
+    (tmp_path / "shared").chmod(0o2775)
+    rc, out = play(tmp_path, storage="nfs")
+    assert rc != 0
+    assert f"cluster_dirs: {tmp_path / 'shared'} belongs to " in out, out
+    assert not (tmp_path / "shared" / "jobs").exists()
+
+    os.chown(tmp_path / "shared", 0, 0)
+    (tmp_path / "shared").chmod(0o755)
+    (tmp_path / "shared" / "jobs").symlink_to(target)
+    rc, out = play(tmp_path, storage="nfs")
+    assert rc != 0
+    assert f"cluster_dirs: {tmp_path / 'shared' / 'jobs'} is a symbolic link" in out, out
+    st = target.stat()
+    assert (st.st_uid, mode(target)) == (0, "0o755")
+
+    (tmp_path / "shared" / "jobs").unlink()
+    (tmp_path / "shared" / "jobs").mkdir()
+    os.chown(tmp_path / "shared" / "jobs", 65534, 65534)
+    rc, out = play(tmp_path, storage="nfs")
+    assert rc != 0
+    assert "belongs to nobody" in out, out
+    assert (tmp_path / "shared" / "jobs").stat().st_uid == 65534
+
+
+def test_the_stack_reading_says_what_the_file_module_would_leave(tmp_path):
+    """record_versions.py's DIR arguments (ml_stack's reading before installing): owner by
+    name (the uid where no account has it), the permission bits as a file module's mode, a
+    file as no directory, null where nothing is."""
     made = tmp_path / "made"
     made.mkdir(mode=0o750)
     made.chmod(0o2750)  # setgid: the file module's 0750 would clear it, so it must differ
@@ -123,12 +150,9 @@ def test_both_directory_readings_say_what_the_file_module_would_leave(tmp_path):
     free_uid = next(uid for uid in range(54321, 60000) if uid not in taken)
     if os.getuid() == 0:
         os.chown(orphan, free_uid, -1)
-    paths = [str(made), str(plain), str(orphan), str(tmp_path / "missing")]
-    launcher = rolefiles.run_inline("deepspeed_launcher", "dir_state.py", paths)
     versions = rolefiles.load("ml_stack", "record_versions.py")
-    assert launcher == {path: versions.dir_state(path) for path in paths}
-    assert launcher[str(made)] == {"isdir": True, "owner": USER, "mode": "2750"}
-    assert launcher[str(plain)] == {"isdir": False, "owner": USER, "mode": "0644"}
+    assert versions.dir_state(str(made)) == {"isdir": True, "owner": USER, "mode": "2750"}
+    assert versions.dir_state(str(plain)) == {"isdir": False, "owner": USER, "mode": "0644"}
     owner = str(free_uid) if os.getuid() == 0 else USER
-    assert launcher[str(orphan)] == {"isdir": True, "owner": owner, "mode": "0755"}
-    assert launcher[str(tmp_path / "missing")] is None
+    assert versions.dir_state(str(orphan)) == {"isdir": True, "owner": owner, "mode": "0755"}
+    assert versions.dir_state(str(tmp_path / "missing")) is None

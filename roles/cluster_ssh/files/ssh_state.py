@@ -26,16 +26,24 @@ import sys
 KEY_TYPES = ("ssh-", "ecdsa-", "sk-")
 
 
+def no_follow(path, flags):
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK)
+
+
 def describe(path):
+    # lstat, and no read through a link or of anything but a regular file: the training user
+    # owns ~/.ssh, and whatever else is there reads as differing, so the module sees it.
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
     except OSError:
         return None
     about = {"uid": st.st_uid, "gid": st.st_gid, "mode": f"{stat.S_IMODE(st.st_mode):04o}"}
     if stat.S_ISDIR(st.st_mode):
         return about | {"isdir": True}
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+        return about | {"unsafe": True}
     try:
-        with open(path, "rb") as fh:
+        with open(path, "rb", opener=no_follow) as fh:
             # sha1: the checksum Ansible's copy and template compare
             about["sha1"] = hashlib.sha1(fh.read()).hexdigest()
     except OSError:
@@ -46,7 +54,9 @@ def describe(path):
 def authorized(path):
     keys = []
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return keys
+        with open(path, encoding="utf-8", errors="replace", opener=no_follow) as fh:
             for line in fh:
                 fields = line.split()
                 if len(fields) >= 2 and fields[0].startswith(KEY_TYPES):

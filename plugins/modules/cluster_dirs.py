@@ -1,0 +1,109 @@
+#!/usr/bin/python
+"""Directories root makes for the cluster, reached without following links.
+
+The job area, checkpoints and the shared wheelhouse lie where the training user may own the
+leaves; root makes them, and sets their owner and mode, only through directories that root
+alone can change.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+try:
+    from ansible_collections.dscluster.cluster.plugins.module_utils import safe_fs
+except ImportError:  # a clone's roles run by plain ansible-playbook: ansible.cfg's module_utils
+    from ansible.module_utils import safe_fs  # type: ignore[no-redef]
+
+DOCUMENTATION = r"""
+module: cluster_dirs
+short_description: Make directories through parents only root can change
+description:
+  - Makes each directory (and its missing parents, root's at I(parents_mode)) and sets its
+    owner, group and mode.
+  - Every component is opened from / without following links. A parent that is a link,
+    belongs to anyone but root, or that others may write to without the sticky bit, is
+    refused with one line naming it, as is a directory that is a link or belongs to another
+    user than the one asked for; nothing is made or changed below it.
+  - Check mode says what would change and changes nothing.
+options:
+  dirs:
+    description:
+      - The directories (path, owner, group, mode), made in this order; owner and group
+        default to root, mode to 0755.
+    type: list
+    elements: dict
+    required: true
+  parents_mode:
+    description: The mode of the parents made (root's).
+    type: str
+    default: '0755'
+author: dscluster
+"""
+
+EXAMPLES = r"""
+- name: Make the job area and the checkpoint directory
+  cluster_dirs:
+    dirs:
+      - {path: /shared/dscluster/jobs, owner: ds, mode: '0755'}
+      - {path: /shared/dscluster/checkpoints, owner: ds, mode: '0755'}
+"""
+
+RETURN = r"""
+made:
+  description: The directories made (parents included), or that check mode would make.
+  type: list
+  returned: always
+"""
+
+
+def ensure(spec: dict, parents_mode: int, check: bool) -> tuple[list[str], bool]:
+    """One directory: (directories made, changed)."""
+    path = str(spec.get("path") or "").rstrip("/")
+    if not path:
+        raise ValueError("a directory without a path")
+    uid = safe_fs.uid_of(spec.get("owner"))
+    # root's group where none is given, as the file module leaves a directory root makes
+    gid = safe_fs.gid_of(spec.get("group"), uid) if spec.get("group") not in (None, "") else 0
+    mode = safe_fs.mode_of(spec.get("mode"), 0o755)
+    parent_path = os.path.dirname(path)
+    parent, made = safe_fs.walk(parent_path, make_mode=parents_mode, check_mode=check)
+    if parent is None:
+        return [*made, path], True
+    try:
+        safe_fs.check_dir(parent, parent_path, frozenset({0}))
+        fd, leaf_made, changed = safe_fs.ensure_dir(
+            parent, os.path.basename(path), path, uid, gid, mode, check
+        )
+    finally:
+        os.close(parent)
+    if fd is not None:
+        os.close(fd)
+    return made + ([path] if leaf_made else []), changed or bool(made)
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "dirs": {"type": "list", "elements": "dict", "required": True},
+            "parents_mode": {"type": "str", "default": "0755"},
+        },
+        supports_check_mode=True,
+    )
+    made: list[str] = []
+    changed = False
+    try:
+        parents_mode = safe_fs.mode_of(module.params["parents_mode"], 0o755)
+        for spec in module.params["dirs"]:
+            these, differed = ensure(spec, parents_mode, module.check_mode)
+            made += these
+            changed = changed or differed
+    except (OSError, ValueError, KeyError, safe_fs.UnsafePath) as exc:
+        module.fail_json(msg=f"cluster_dirs: {exc}", made=made)
+    module.exit_json(changed=changed, made=made)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""Attacks by the training user on the provisioned local cluster (SECURITY.md lists them).
+
+Every job runs as `ds`, so `ds` is the attacker: it plants links, FIFOs and renamed trees where
+root works, then a provision runs as it would. Each test asserts that root wrote nothing
+through what was planted, that nothing root-only became readable by `ds`, and that the
+provision refused in one line naming the node and the path. Everything planted is removed and
+the cluster provisioned clean again in a finally, for the modules after this one.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+
+import pytest
+
+from .e2e_cluster import NAME, docker, dsc
+
+pytestmark = pytest.mark.docker
+
+HEAD, N2, N3 = (f"{NAME}-n{i}" for i in range(1, 4))
+
+
+def on(host: str, script: str, user: str = "root") -> subprocess.CompletedProcess[str]:
+    argv = ["docker", "exec", "-u", user, f"dsc-{host}", "sh", "-c", script]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+
+
+def as_ds(host: str, script: str) -> None:
+    proc = on(host, script, user="ds")
+    assert proc.returncode == 0, f"{host} as ds: {script}: {proc.stderr}"
+
+
+def state(host: str, *paths: str) -> str:
+    """Owner, mode, link count and sha256 of each path (root's view), to compare after."""
+    script = "for p in " + " ".join(paths) + '; do stat -c "%n %U:%G %a %h %F" "$p"; '
+    script += 'if [ -f "$p" ]; then sha256sum "$p"; fi; done'
+    proc = on(host, script)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("dscluster: error:")]
+    assert len(lines) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return lines[0]
+
+
+def test_links_and_fifos_in_ssh_dir_are_refused_and_nothing_is_followed(provisioned: pathlib.Path):
+    """~/.ssh belongs to ds. ds points the files root writes there at root-only files (the
+    issue's /etc/shadow, a host private key), replaces ~/.ssh itself with a link to root's, and
+    leaves a FIFO where authorized_keys was (a read that never returns). The provision refuses
+    on each node in one line; the targets are untouched and ds still cannot read them."""
+    targets = {
+        HEAD: "/etc/ssh/ssh_host_ed25519_key /etc/shadow",
+        N2: "/etc/shadow /etc/ssh/ssh_host_ed25519_key",
+        N3: "/root/.ssh /etc/shadow",
+    }
+    before = {host: state(host, paths) for host, paths in targets.items()}
+    plants = [
+        (HEAD, "~/.ssh/id_ed25519", "ln -s /etc/ssh/ssh_host_ed25519_key id_ed25519"),
+        (N2, "~/.ssh/authorized_keys", "ln -s /etc/shadow authorized_keys"),
+        (N3, "~/.ssh", None),
+        (HEAD, "~/.ssh/authorized_keys", "mkfifo authorized_keys"),
+        (N2, "~/.ssh/id_ed25519.pub", "ln -s /etc/shadow id_ed25519.pub"),
+    ]
+    try:
+        for host, path, plant in plants:
+            name = path.rsplit("/", 1)[1]
+            if plant is None:  # ~/.ssh itself
+                as_ds(host, "cd && mv .ssh .ssh.kept && ln -s /root/.ssh .ssh")
+            else:
+                as_ds(host, f"cd ~/.ssh && mv {name} {name}.kept && {plant}")
+            proc = dsc("provision", "-i", str(provisioned), "--tags", "cluster_ssh", timeout=600)
+            assert proc.returncode != 0
+            line = error_line(proc)
+            full = path.replace("~", "/home/ds")
+            assert f"on {host}: cluster_ssh_files: {full} is " in line, line
+            said = proc.stdout + proc.stderr
+            assert "root:" not in said and "PRIVATE KEY" not in said  # nothing read out
+            for target_host, paths in targets.items():
+                assert state(target_host, paths) == before[target_host], (path, target_host)
+                assert on(target_host, "cat /etc/shadow", user="ds").returncode != 0
+            if plant is None:
+                as_ds(host, "cd && rm .ssh && mv .ssh.kept .ssh")
+            else:
+                as_ds(host, f"cd ~/.ssh && rm {name} && mv {name}.kept {name}")
+    finally:
+        for host in (HEAD, N2, N3):  # whatever a failed round left, put back
+            on(host, "cd ~ds && [ -L .ssh ] && rm .ssh && mv .ssh.kept .ssh", user="ds")
+            on(host, "cd ~ds/.ssh && for f in *.kept; do [ -e \"$f\" ] || continue; "
+               'rm -f "${f%.kept}"; mv "$f" "${f%.kept}"; done', user="ds")  # fmt: skip
+    healed = dsc("provision", "-i", str(provisioned), "--tags", "cluster_ssh", timeout=600)
+    assert healed.returncode == 0, healed.stdout[-3000:] + healed.stderr[-2000:]
+
+
+def test_a_renamed_shared_tree_pointing_at_system_directories_is_refused(
+    provisioned: pathlib.Path,
+):
+    """The shared tree's root as the old NFS default left it (the training user's, 2775): ds
+    moves dscluster/ aside and puts links to /etc, /usr/local/lib and /root where jobs,
+    wheelhouse and checkpoints were. The provision refuses in one line naming the shared
+    directory; none of the targets changes owner or mode, no wheel lands in them. With the
+    root made root's again (the new default) ds cannot rename dscluster/ at all."""
+    system = "/etc /usr/local/lib /root"
+    before = state(HEAD, system)
+    assert on(HEAD, "mv /shared/dscluster /shared/x", user="ds").returncode != 0
+    on(HEAD, "chown ds:ds /shared && chmod 2775 /shared")
+    try:
+        as_ds(
+            HEAD,
+            "cd /shared && mv dscluster dscluster.kept && mkdir dscluster && cd dscluster && "
+            "ln -s /etc jobs && ln -s /usr/local/lib wheelhouse && ln -s /root checkpoints",
+        )
+        proc = dsc("provision", "-i", str(provisioned), "--tags", "ml_stack,launcher", timeout=900)
+        assert proc.returncode != 0
+        line = error_line(proc)
+        assert "/shared belongs to ds" in line, line
+        assert state(HEAD, system) == before
+        assert on(HEAD, "ls /usr/local/lib/*.whl /etc/*.whl 2>/dev/null").stdout == ""
+    finally:
+        on(HEAD, "cd /shared && rm -rf dscluster && mv dscluster.kept dscluster")
+        on(HEAD, "chown root:root /shared && chmod 0755 /shared")
+    assert on(HEAD, "mv /shared/dscluster /shared/x", user="ds").returncode != 0
+    assert on(HEAD, "touch /shared/dscluster/wheelhouse/x.whl", user="ds").returncode != 0
+    healed = dsc("provision", "-i", str(provisioned), "--tags", "ml_stack,launcher", timeout=900)
+    assert healed.returncode == 0, healed.stdout[-3000:] + healed.stderr[-2000:]
+    assert docker("exec", f"dsc-{HEAD}", "stat", "-c", "%U %a", "/shared/dscluster").strip() == (
+        "root 755"
+    )
