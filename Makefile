@@ -42,8 +42,9 @@ help: ## List the targets
 # without it: 4869 CPU-seconds over the lanes against 3657).
 $(BIN)/dscluster: python/pyproject.toml python/requirements-dev.lock
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check "$$(grep -m1 '^uv==' python/requirements-dev.lock)"
-	$(BIN)/uv pip install --quiet --python $(BIN)/python --compile-bytecode -r python/requirements-dev.lock
+	awk '/^uv==/ {p = 1} p {print} p && !/\\$$/ {exit}' python/requirements-dev.lock >$(VENV)/uv.lock.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check --require-hashes --no-deps -r $(VENV)/uv.lock.txt
+	$(BIN)/uv pip install --quiet --python $(BIN)/python --compile-bytecode --require-hashes -r python/requirements-dev.lock
 	$(BIN)/uv pip install --quiet --python $(BIN)/python --no-deps -e python
 	@touch $@
 

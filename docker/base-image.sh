@@ -39,10 +39,17 @@ if [ -z "$mirror" ] && [ -f /etc/apt/sources.list ]; then
 fi
 mirror="${mirror:-http://deb.debian.org/debian}"
 
+# Release files are checked against Debian's archive keys, whatever the mirror's scheme.
+keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+if [ ! -s "$keyring" ]; then
+  log "$keyring is missing; install it (apt-get install debian-archive-keyring) and re-run"
+  exit 1
+fi
+
 root=$(mktemp -d "${TMPDIR:-/tmp}/dscluster-rootfs.XXXXXX")
 trap 'rm -rf "$root"' EXIT
 log "debootstrap --variant=minbase $suite from $mirror"
-debootstrap --variant=minbase "$suite" "$root" "$mirror" >"$root.log" 2>&1 || {
+debootstrap --variant=minbase --keyring="$keyring" "$suite" "$root" "$mirror" >"$root.log" 2>&1 || {
   tail -20 "$root.log" >&2
   log "debootstrap failed (full log: $root.log)"
   exit 1

@@ -127,6 +127,13 @@ def export_key(uid, dest):
     ).stdout
     with open(dest, "wb") as fh:
         fh.write(key)
+    # The fingerprint the scenario pins, as a vendor's docs would publish it.
+    colons = subprocess.run(
+        ["gpg", "--with-colons", "--fingerprint", uid], check=True, capture_output=True, text=True
+    ).stdout
+    fpr = next(line.split(":")[9] for line in colons.splitlines() if line.startswith("fpr:"))
+    with open(dest + ".fingerprint", "w") as fh:
+        fh.write(fpr + "\n")
 
 
 def load_spec(spec_path):
