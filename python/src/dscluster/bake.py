@@ -8,8 +8,11 @@ node itself is not touched. `dscluster local up --image TAG` starts nodes from i
 its own host keys and machine id at first boot and `dscluster provision` gives it the
 cluster's keys and files, while its stack is already installed (ml_stack finds it complete).
 
-An AWS cluster's node becomes an AMI (`create_image`, no reboot), tagged with the cluster,
-the node and the stack's versions; `dscluster aws up --ami <id>` starts nodes from it.
+An AWS cluster's node becomes an AMI the same way: `create_image` of the node (no reboot) is
+an uncleaned copy, a builder instance started from it runs clean.sh at boot and powers off,
+and the AMI, tagged with the cluster, the node and the stack's versions, is made of that
+stopped builder; the copy and the builder are removed. `dscluster aws up --ami <id>` starts
+nodes from it.
 """
 
 from __future__ import annotations
@@ -311,38 +314,202 @@ def bake_docker(plan: Bake, console: Console) -> str:
 
 # -- AWS --------------------------------------------------------------------------------
 
+# Tag on what a bake makes only for a while (the uncleaned copy, the builder): the cluster it
+# copies. Never dscluster:cluster, so the builder is no node of the cluster.
+TEMP_TAG = "dscluster:bake-temporary"
 
-def bake_aws(plan: Bake, sess: Any, *, wait_s: int = 1800, console: Console) -> str:
-    """create_image of the node's instance (no reboot), tagged; waits until it is available.
-    The AMI id."""
+
+def builder_user_data(user: str) -> str:
+    """cloud-config for the builder, an instance started from an uncleaned copy of the node:
+    docker/bake/clean.sh (and every user's authorized_keys) in cloud-init's bootcmd, which
+    runs before sshd starts and before cloud-init's ssh module makes host keys; then it
+    powers off. A failed cleaning never powers off (the bake times out and keeps nothing),
+    and the sleep keeps boot, sshd included, from going on past this step."""
+    import base64  # noqa: PLC0415
+
+    from . import paths  # noqa: PLC0415
+
+    script = (paths.docker_dir() / "bake" / "clean.sh").read_bytes()
+    encoded = base64.b64encode(script).decode()
+    command = (
+        f"echo {encoded} | base64 -d | sh -s -- {shlex.quote(user)} image"
+        " && rm -f /home/*/.ssh/authorized_keys && sync && systemctl poweroff; exec sleep infinity"
+    )
+    return (
+        "#cloud-config\n"
+        "# dscluster image bake: a copy of a cluster node; clean it, then power off.\n"
+        "ssh_deletekeys: true\n"
+        "ssh_genkeytypes: []\n"
+        "bootcmd:\n"
+        f"  - [sh, -c, {json.dumps(command)}]\n"
+    )
+
+
+@dataclasses.dataclass
+class _Scratch:
+    """What a bake made for a while: the uncleaned copy (and its snapshots), the builder."""
+
+    image: str = ""
+    snapshots: list[str] = dataclasses.field(default_factory=list)
+    builder: str = ""
+
+    def items(self) -> list[str]:
+        found = [f"builder instance {self.builder}"] if self.builder else []
+        if self.image:
+            found.append(f"uncleaned AMI {self.image}")
+        found += [f"snapshot {s}" for s in self.snapshots]
+        return found
+
+
+def _wait(ec2: Any, waiter: str, deadline: float, **ids: Any) -> None:
+    left = max(1, int(deadline - time.monotonic()))
+    delay = 15 if left > 60 else 1
+    ec2.get_waiter(waiter).wait(
+        **ids, WaiterConfig={"Delay": delay, "MaxAttempts": max(1, left // delay)}
+    )
+
+
+def _node_instance(ec2: Any, plan: Bake) -> dict[str, Any]:
+    found = ec2.describe_instances(InstanceIds=[plan.instance_id])
+    instances = [i for r in found.get("Reservations", []) for i in r["Instances"]]
+    states = [i["State"]["Name"] for i in instances]
+    if states not in (["running"], ["stopped"]):
+        raise DsclusterError(
+            f"{plan.host}'s instance {plan.instance_id} is "
+            f"{states[0] if states else 'gone'}, not running; bake a running node "
+            "(--node) or start it"
+        )
+    return dict(instances[0])
+
+
+def _remove_scratch(ec2: Any, made: _Scratch) -> list[str]:
+    """Terminate the builder, deregister the uncleaned copy, delete its snapshots; what is
+    left (each step tried even when one before failed)."""
+    left: list[str] = []
+    steps: list[tuple[str, Any]] = []
+    if made.builder:
+        steps.append(
+            (f"builder instance {made.builder}",
+             lambda: ec2.terminate_instances(InstanceIds=[made.builder]))
+        )  # fmt: skip
+    if made.image:
+        steps.append(
+            (f"uncleaned AMI {made.image}", lambda: ec2.deregister_image(ImageId=made.image))
+        )
+    for snap in made.snapshots:
+        steps.append((f"snapshot {snap}", lambda snap=snap: ec2.delete_snapshot(SnapshotId=snap)))
+    for what, step in steps:
+        try:
+            step()
+        except Exception:  # named in the one line the caller raises
+            left.append(what)
+    return left
+
+
+def bake_aws(plan: Bake, sess: Any, *, wait_s: int = 3600, console: Console) -> str:
+    """An AMI of the node that holds none of its secrets; the AMI id.
+
+    create_image of the node as it runs (no reboot) gives a temporary, uncleaned AMI; a
+    builder instance started from it (outside the cluster: no cluster tag, the subnet's
+    default security group, no key pair) runs clean.sh at boot and powers off; the AMI is
+    made of that stopped builder and tagged; the builder, the uncleaned AMI and its
+    snapshots are removed again, whatever happened (what could not be is named)."""
     from .sources.ec2 import aws_errors, ec2_client, endpoint  # noqa: PLC0415
 
     ec2 = ec2_client(sess)
+    deadline = time.monotonic() + wait_s
+    region, url = plan.region or sess.region_name, endpoint(ec2)
+    with aws_errors(region, url):
+        node = _node_instance(ec2, plan)
+    made = _Scratch()
+    try:
+        with aws_errors(region, url):
+            image_id = _bake_steps(ec2, plan, node, made, deadline, console)
+    except BaseException as exc:
+        left = _remove_scratch(ec2, made)
+        if not left:
+            raise
+        note = (
+            f"; left {', '.join(left)} (the uncleaned copy holds the node's keys): remove "
+            "them in the EC2 console"
+        )
+        if isinstance(exc, DsclusterError):
+            raise DsclusterError(f"{exc}{note}") from exc
+        console.print(f"bake stopped{note}", markup=False, highlight=False)
+        raise
+    left = _remove_scratch(ec2, made)
+    if left:
+        raise DsclusterError(
+            f"baked AMI {image_id}, but could not remove {', '.join(left)} (the uncleaned copy "
+            "holds the node's keys): remove them in the EC2 console"
+        )
+    return image_id
+
+
+def _bake_steps(
+    ec2: Any, plan: Bake, node: dict[str, Any], made: _Scratch, deadline: float, console: Console
+) -> str:
+    """The uncleaned copy, the builder cleaning itself, the AMI of the stopped builder."""
+    from botocore.exceptions import WaiterError  # noqa: PLC0415
+
+    from .sources.aws_cluster import METADATA_OPTIONS, root_volume  # noqa: PLC0415
+
+    scratch_tags = [{"Key": TEMP_TAG, "Value": plan.cluster}]
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    console.print(f"create_image of {plan.instance_id} ({plan.host}), no reboot: an uncleaned copy")
+    made.image = ec2.create_image(
+        InstanceId=plan.instance_id,
+        Name=f"dscluster-bake-uncleaned-{plan.cluster}-{plan.instance_id}-{stamp}",
+        Description=f"dscluster image bake: uncleaned copy of {plan.host}, removed after the bake",
+        NoReboot=True,
+        TagSpecifications=[{"ResourceType": "image", "Tags": scratch_tags}],
+    )["ImageId"]
+    _wait(ec2, "image_available", deadline, ImageIds=[made.image])
+    (copy,) = ec2.describe_images(ImageIds=[made.image])["Images"]
+    made.snapshots = [
+        str(m["Ebs"]["SnapshotId"])
+        for m in copy.get("BlockDeviceMappings") or []
+        if (m.get("Ebs") or {}).get("SnapshotId")
+    ]
+    builder_tags = [*scratch_tags, {"Key": "Name", "Value": f"dscluster-bake-{plan.cluster}"}]
+    params: dict[str, Any] = {
+        "ImageId": made.image,
+        "InstanceType": node["InstanceType"],
+        "MinCount": 1,
+        "MaxCount": 1,
+        "UserData": builder_user_data(plan.user),
+        "InstanceInitiatedShutdownBehavior": "stop",
+        "MetadataOptions": METADATA_OPTIONS,
+        "BlockDeviceMappings": root_volume(copy, made.image),
+        "TagSpecifications": [
+            {"ResourceType": kind, "Tags": builder_tags} for kind in ("instance", "volume")
+        ],
+    }
+    if node.get("SubnetId"):
+        params["SubnetId"] = node["SubnetId"]
+    made.builder = str(ec2.run_instances(**params)["Instances"][0]["InstanceId"])
+    console.print(f"builder {made.builder} cleans the copy at boot, then powers off")
+    try:
+        _wait(ec2, "instance_stopped", deadline, InstanceIds=[made.builder])
+    except WaiterError as exc:
+        raise DsclusterError(
+            f"builder instance {made.builder} did not clean itself and stop in time (its AMI "
+            "must run cloud-init user data; see its console output); nothing was baked; bake "
+            "again, or bake another --node"
+        ) from exc
+    console.print(f"create_image of the stopped builder {made.builder}: {plan.name}")
     tags = [{"Key": f"{TAG_PREFIX}-{k}", "Value": v} for k, v in plan.labels().items() if v]
     tags.append({"Key": "Name", "Value": plan.name})
-    with aws_errors(plan.region or sess.region_name, endpoint(ec2)):
-        found = ec2.describe_instances(InstanceIds=[plan.instance_id])
-        states = [i["State"]["Name"] for r in found.get("Reservations", []) for i in r["Instances"]]
-        if states not in (["running"], ["stopped"]):
-            raise DsclusterError(
-                f"{plan.host}'s instance {plan.instance_id} is "
-                f"{states[0] if states else 'gone'}, not running; bake a running node "
-                "(--node) or start it"
-            )
-        console.print(f"create_image of {plan.instance_id} ({plan.host}), no reboot")
-        image_id = ec2.create_image(
-            InstanceId=plan.instance_id,
+    image_id = str(
+        ec2.create_image(
+            InstanceId=made.builder,
             Name=plan.name,
             Description=(
                 f"dscluster: {plan.cluster}/{plan.host}, torch {plan.versions.get('torch')}, "
                 f"deepspeed {plan.versions.get('deepspeed')}"
             ),
-            NoReboot=True,
             TagSpecifications=[{"ResourceType": "image", "Tags": tags}],
         )["ImageId"]
-        waiter = ec2.get_waiter("image_available")
-        waiter.wait(
-            ImageIds=[image_id],
-            WaiterConfig={"Delay": 15 if wait_s > 60 else 1, "MaxAttempts": max(1, wait_s // 15)},
-        )
+    )
+    _wait(ec2, "image_available", deadline, ImageIds=[image_id])
     return image_id

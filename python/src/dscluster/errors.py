@@ -63,8 +63,14 @@ def bug_report(exc: BaseException, argv: Sequence[str]) -> pathlib.Path | None:
         + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     )
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        path.parent.parent.mkdir(parents=True, exist_ok=True)
+        # argv can hold what only this user may read (paths, a job's arguments): 0700 / 0600
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        if path.parent.stat().st_uid == os.getuid():
+            os.chmod(path.parent, 0o700)  # one an older dscluster made 0755
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        with os.fdopen(os.open(path, flags, 0o600), "w", encoding="utf-8") as fh:
+            fh.write(text)
     except OSError:
         return None
     return path

@@ -13,8 +13,8 @@ assumes GPUs):
   rendezvous on the first node, --machine_rank from SLURM_NODEID, --num_processes = nodes *
   slots; the config (the user's --accelerate-config, or one generated of
   --accelerate-config-kind: GPUs when --gres names them, else CPU) travels in the environment
-  and each node writes it to its own ${TMPDIR:-/tmp} (launch/accelerate.py says why MULTI_CPU
-  configs get --multi_gpu).
+  and each node writes it into a private directory mktemp makes in its ${TMPDIR:-/tmp}
+  (launch/accelerate.py says why MULTI_CPU configs get --multi_gpu).
 
 What a rank finds, for Lightning (TorchElasticEnvironment when TORCHELASTIC_RUN_ID is set,
 else SLURMEnvironment when SLURM_NTASKS is, else LightningEnvironment: NODE_RANK/GROUP_RANK):
@@ -271,7 +271,9 @@ srun --nodes="$num_nodes" --ntasks="$(( num_nodes * slots ))" --ntasks-per-node=
 
 _ACCELERATE = r"""
 # One `accelerate launch` per node (an srun task each): static rendezvous on the first node,
-# machine rank = the node's Slurm id. Each node writes the config to its own temporary file.
+# machine rank = the node's Slurm id. Each node writes the config into a directory of its own
+# that mktemp makes (0700, a name nobody can guess or make first), with noclobber: another
+# user's file or link at a predictable /tmp path is never written through.
 DSCLUSTER_ACCELERATE_CONFIG=$(cat <<'DSCLUSTER_ACCELERATE_CONFIG_END'
 @CONFIG@DSCLUSTER_ACCELERATE_CONFIG_END
 )
@@ -280,9 +282,10 @@ num_processes=$(( num_nodes * slots ))
 accelerate_extra=()
 # MULTI_CPU alone starts one process per node: --multi_gpu starts every rank (torch's run).
 if [[ -n "@MULTI_CPU@" ]] && (( num_processes > 1 )); then accelerate_extra+=(--multi_gpu); fi
-NODE_CMD='cfg="${TMPDIR:-/tmp}/dscluster-accelerate.$SLURM_JOB_ID@SUFFIX@"
-printf "%s
-" "$DSCLUSTER_ACCELERATE_CONFIG" >"$cfg"
+NODE_CMD='dir=$(mktemp -d "${TMPDIR:-/tmp}/dscluster-accelerate.$SLURM_JOB_ID.XXXXXXXX") || exit 1
+cfg="$dir/config@SUFFIX@"
+(set -C; umask 077; printf "%s
+" "$DSCLUSTER_ACCELERATE_CONFIG" >"$cfg") || exit 1
 exec "$0" launch --config_file "$cfg" --machine_rank "$SLURM_NODEID" "$@"'
 srun --nodes="$num_nodes" --ntasks="$num_nodes" --ntasks-per-node=1 \
   --cpus-per-task="$node_cpus" --kill-on-bad-exit=1 \

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import secrets
 import shutil
 import subprocess
 import sys
@@ -54,6 +55,26 @@ def _check_targets(targets: Sequence[pathlib.Path]) -> None:
                 )
 
 
+def _backup_beside(path: pathlib.Path) -> str:
+    """A second name for path's file in its directory (a hard link, else a copy), made under
+    a name nobody held: link() and mkstemp() fail rather than use an existing name, so a file
+    or link another user put there first is never written through or replaced."""
+    for _ in range(100):
+        backup = path.parent / f".{path.name}.{secrets.token_hex(8)}.old"
+        try:
+            os.link(path, backup, follow_symlinks=False)
+            return str(backup)
+        except FileExistsError:
+            continue
+        except OSError:  # a file system without hard links
+            break
+    fd, backup_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent)
+    with os.fdopen(fd, "wb") as out, path.open("rb") as src:
+        shutil.copyfileobj(src, out)
+    shutil.copystat(path, backup_name)
+    return backup_name
+
+
 class _Transaction:
     """Staged files, backups of the files they replace, directories made: what to undo."""
 
@@ -82,12 +103,7 @@ class _Transaction:
         self.current = path
         if not path.exists():
             return
-        backup = tempfile.mktemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent)
-        try:
-            os.link(path, backup)
-        except OSError:  # a file system without hard links
-            shutil.copy2(path, backup)
-        self.backups[path] = backup
+        self.backups[path] = _backup_beside(path)
 
     def replace(self, path: pathlib.Path) -> None:
         self.current = path

@@ -6,11 +6,17 @@ moto's server answers EC2 over real HTTP, so dscluster's boto3 code runs unchang
 - moto has no placement groups at all (CreatePlacementGroup answers 500 "not implemented"):
   Create/Describe/DeletePlacementGroups are added with AWS's semantics (duplicate name ->
   InvalidPlacementGroup.Duplicate, unknown -> InvalidPlacementGroup.Unknown, tags, filters).
-- moto's GetConsoleOutput is one fixed kernel log for every instance: console() sets what an
-  instance's console shows (cloud-init's SSH host key block, as AWS returns it).
+- moto's GetConsoleOutput is one fixed kernel log for every instance: here every instance's
+  console shows cloud-init's SSH host key block with a key of its own (default_host_key), as
+  AWS returns it a few minutes after first boot; console() sets what an instance's console
+  shows instead (e.g. no keys yet).
 - moto starts every instance 'running' at once: set_state() puts one into 'pending'.
 - refuse() makes the server answer one action with an EC2 error (a step of `aws up` failing
   midway, a removal failing), until reset().
+- moto runs no user data: an instance whose user data powers it off (`systemctl poweroff`,
+  as `image bake`'s builder does once it has cleaned itself) is found stopped by the next
+  DescribeInstances; the request log keeps, with each CreateImage, the state its instance
+  was in then (`_InstanceState`).
 - moto records every network interface as InterfaceType "interface", so what EFA request was
   made cannot be read back from DescribeInstances: the server keeps a log of every EC2 request
   it received (action + parameters), which the tests read (EFA interfaces, pagination).
@@ -47,6 +53,7 @@ REFUSABLE = (
     "terminate_instances",
     "delete_security_group",
     "delete_placement_group",
+    "deregister_image",
 )
 
 
@@ -156,16 +163,32 @@ def console(instance_id: str, text: str) -> None:
         CONSOLE[instance_id] = text
 
 
-_original_console = EC2Response.get_console_output
+def default_host_key(instance_id: str) -> str:
+    """The ed25519 host key an instance's console shows unless console() says otherwise: a
+    well-formed public key blob, one per instance id."""
+    import base64  # noqa: PLC0415
+    import hashlib  # noqa: PLC0415
+
+    name = b"ssh-ed25519"
+    blob = (
+        len(name).to_bytes(4, "big") + name + (32).to_bytes(4, "big")
+        + hashlib.sha256(instance_id.encode()).digest()
+    )  # fmt: skip
+    return f"ssh-ed25519 {base64.b64encode(blob).decode()}"
 
 
 def _get_console_output(self: EC2Response) -> ActionResult:
     instance_id = self._get_param("InstanceId")
     with _lock:
         text = CONSOLE.get(instance_id)
-    if text is None:
-        return _original_console(self)
     instance = self.ec2_backend.get_instance(instance_id)
+    if text is None:
+        text = (
+            "[   13.000000] cloud-init[1040]: Cloud-init v. 24.1 running 'modules:final'\n"
+            "-----BEGIN SSH HOST KEY KEYS-----\n"
+            f"{default_host_key(instance_id)} root@{instance_id}\n"
+            "-----END SSH HOST KEY KEYS-----\n"
+        )
     return ActionResult(
         {
             "InstanceId": instance.id,
@@ -178,9 +201,23 @@ def _get_console_output(self: EC2Response) -> ActionResult:
 _original_call_action = EC2Response.call_action
 
 
+POWERS_OFF = "systemctl poweroff"
+
+
 def _call_action(self: EC2Response) -> Any:
+    action = self._get_action()
+    params = dict(self.querystring)
+    if action == "DescribeInstances":
+        for instance in self.ec2_backend.all_instances():
+            data = instance.user_data.decode() if instance.user_data else ""
+            if instance.is_running() and POWERS_OFF in data:
+                instance.stop()
+    elif action == "CreateImage":
+        wanted = set(params.get("InstanceId", []))
+        found = [i for i in self.ec2_backend.all_instances() if i.id in wanted]
+        params["_InstanceState"] = [i.state for i in found]
     with _lock:
-        REQUESTS.append((self._get_action(), dict(self.querystring)))
+        REQUESTS.append((action, params))
     return _original_call_action(self)
 
 

@@ -225,7 +225,8 @@ def test_mixed_types_hosts_yml_and_hostfile(ec2, tmp_path):
     common = hv[head_name]["ansible_ssh_common_args"]
     known = pathlib.Path(str(tmp_path / "cache" / "clusters" / "demo" / "known_hosts"))
     assert f"UserKnownHostsFile={known}" in common
-    assert "StrictHostKeyChecking=accept-new" in common and "ConnectTimeout=15" in common
+    assert "StrictHostKeyChecking=yes" in common and "ConnectTimeout=15" in common
+    assert "accept-new" not in (out / "hosts.yml").read_text()
 
     raw = yaml.safe_load((out / "hosts.yml").read_text())
     family = raw["all"]["children"]["aws_ami_ubuntu"]["vars"]
@@ -345,20 +346,60 @@ def test_known_hosts_pinned_from_console(ec2, tmp_path):
     worker = launch(ec2, "c5.2xlarge", tags={"Name": "worker-1"})[0]
     ed = host_key(tmp_path, "ed25519", "ed")
     aws_moto.console(head["InstanceId"], cloud_init_console(ed))
+    aws_moto.console(worker["InstanceId"], "[    1.0] Linux version 6.1 (booting)\n")
     known = tmp_path / "cache" / "clusters" / "demo" / "known_hosts"
     known.parent.mkdir(parents=True)
     stale = host_key(tmp_path, "ed25519", "old")
-    known.write_text(f"{head['PrivateIpAddress']} {stale}\nelsewhere.example {stale}\n")
+    before = f"{head['PrivateIpAddress']} {stale}\nelsewhere.example {stale}\n"
+    known.write_text(before)
 
+    # The worker's console shows no key yet and nothing pins it: refused, never trusted on
+    # first use, and nothing written.
+    with pytest.raises(DsclusterError) as exc:
+        aws.write_inventory(session(), "demo", out_dir=tmp_path / "inv")
+    message = str(exc.value)
+    assert f"{worker['InstanceId']} (worker-1)" in message and "head-0" not in message
+    assert "wait and run 'dscluster inventory aws' again" in message and "\n" not in message
+    assert known.read_text() == before
+    no_files(tmp_path / "inv")
+
+    # Its keys printed: both pinned, the stale line replaced, a line not ours kept.
+    worker_key = host_key(tmp_path, "ed25519", "wk")
+    aws_moto.console(worker["InstanceId"], cloud_init_console(worker_key))
     result = aws.write_inventory(session(), "demo", out_dir=tmp_path / "inv")
     lines = known.read_text().splitlines()
     assert f"head-0,{head['PrivateIpAddress']} {ed}" in lines
+    assert f"worker-1,{worker['PrivateIpAddress']} {worker_key}" in lines
     assert f"elsewhere.example {stale}" in lines  # not ours: kept
     assert not any(line.startswith(head["PrivateIpAddress"]) for line in lines)  # stale: gone
-    assert not any("worker-1" in line or worker["PrivateIpAddress"] in line for line in lines)
-    (warning,) = [w for w in result.warnings if "host keys" in w]
-    assert "worker-1" in warning and "head-0" not in warning and "accept-new" in warning
+    assert not [w for w in result.warnings if "host key" in w]
     assert known.stat().st_mode & 0o777 == 0o600
+    common = load(tmp_path / "inv").var("head-0", "ansible_ssh_common_args")
+    assert "StrictHostKeyChecking=yes" in common and "accept-new" not in common
+
+    # Later the console no longer shows the keys (it keeps only recent output): the pin from
+    # the earlier run stands, and is what SSH checks.
+    aws_moto.console(worker["InstanceId"], "[    1.0] Linux version 6.1 (rebooted)\n")
+    aws.write_inventory(session(), "demo", out_dir=tmp_path / "inv")
+    assert f"worker-1,{worker['PrivateIpAddress']} {worker_key}" in known.read_text()
+
+
+def test_no_console_keys_pins_nothing_and_says_so(ec2, tmp_path):
+    """--no-console-keys: the user pins the keys; hosts that are not pinned are named, and
+    SSH to them stays refused (StrictHostKeyChecking=yes), never trusted on first use."""
+    head = launch(ec2, "c5.2xlarge", tags={"Name": "head-0", "dscluster:role": "head"})[0]
+    launch(ec2, "c5.2xlarge", tags={"Name": "worker-1"})
+    known = tmp_path / "cache" / "clusters" / "demo" / "known_hosts"
+    known.parent.mkdir(parents=True)
+    mine = host_key(tmp_path, "ed25519", "mine")
+    known.write_text(f"{head['PrivateIpAddress']} {mine}\n")
+    aws_moto.reset()
+    result = aws.write_inventory(session(), "demo", out_dir=tmp_path / "inv", console_keys=False)
+    assert aws_moto.requests("GetConsoleOutput") == []
+    (warning,) = [w for w in result.warnings if "host key" in w]
+    assert "worker-1" in warning and "head-0" not in warning
+    assert "StrictHostKeyChecking=yes" in warning
+    assert known.read_text() == f"{head['PrivateIpAddress']} {mine}\n"
 
 
 # ---------------------------------------------------------------- errors
@@ -766,6 +807,75 @@ def test_up_ssh_from_an_ipv6_network(ec2):
     (sg,) = sg_named(ec2, "dscluster-demo")
     ssh = [p for p in sg["IpPermissions"] if p.get("FromPort") == 22]
     assert ssh and ssh[0]["Ipv6Ranges"][0]["CidrIpv6"] == "2001:db8::/32"
+
+
+def test_up_requires_imdsv2_and_encrypts_the_root_volume(ec2):
+    """What moto reports of the instances `up` started: IMDSv2 only (tokens required, hop
+    limit 1), and the AMI's root device an encrypted EBS volume, removed with the instance."""
+    ami = image(ec2, "ubuntu*")
+    (root_device,) = {i["RootDeviceName"] for i in ec2.describe_images(ImageIds=[ami])["Images"]}
+    result = aws_cluster.up(
+        session(), "demo", instance_type="c5.2xlarge", count=2, ami=ami, say=print
+    )
+    instances = live(ec2, "demo")
+    assert sorted(i["InstanceId"] for i in instances) == sorted(result.launched)
+    for inst in instances:
+        options = inst["MetadataOptions"]
+        assert options["HttpTokens"] == "required" and options["HttpEndpoint"] == "enabled"
+        assert options["HttpPutResponseHopLimit"] == 1
+        assert inst["RootDeviceName"] == root_device
+        (mapping,) = [m for m in inst["BlockDeviceMappings"] if m["DeviceName"] == root_device]
+        (volume,) = ec2.describe_volumes(VolumeIds=[mapping["Ebs"]["VolumeId"]])["Volumes"]
+        assert volume["Encrypted"] is True
+        assert mapping["Ebs"]["DeleteOnTermination"] is True
+    (run,) = aws_moto.requests("RunInstances")
+    assert run["BlockDeviceMapping.1.DeviceName"] == [root_device]
+    assert run["BlockDeviceMapping.1.Ebs.Encrypted"] == ["true"]
+    # moto's defaults are HttpTokens optional and hop limit 1: the request says both itself
+    assert run["MetadataOptions.HttpTokens"] == ["required"]
+    assert run["MetadataOptions.HttpPutResponseHopLimit"] == ["1"]
+
+
+def test_up_refuses_an_instance_store_ami_before_creating(ec2, monkeypatch):
+    ami = image(ec2, "ubuntu*")
+    real = aws_cluster.root_volume
+    store = {"RootDeviceType": "instance-store"}
+    monkeypatch.setattr(aws_cluster, "root_volume", lambda img, iid: real({**img, **store}, iid))
+    with pytest.raises(DsclusterError, match=f"AMI {ami} has no EBS root device"):
+        aws_cluster.up(session(), "demo", instance_type="c5.2xlarge", count=1, ami=ami)
+    assert aws_moto.requests("CreateSecurityGroup") == []
+    assert aws_moto.requests("RunInstances") == []
+
+
+@pytest.mark.parametrize("cidr", ["0.0.0.0/0", "::/0"])
+def test_up_refuses_world_open_ssh_unless_asked_by_name(ec2, cidr):
+    ami = image(ec2, "ubuntu*")
+    aws_moto.reset()
+    with pytest.raises(DsclusterError) as exc:
+        aws_cluster.up(
+            session(), "demo", instance_type="c5.2xlarge", count=1, ami=ami, ssh_cidr=cidr
+        )
+    assert f"--ssh-cidr {cidr} opens SSH to the whole internet" in str(exc.value)
+    assert "--allow-world-ssh" in str(exc.value)
+    assert aws_moto.requests("DescribeInstanceTypes") == []  # refused before any AWS call
+    line = one_line_error(
+        dsc("aws", "up", "--cluster", "demo", "--type", "c5.2xlarge", "--count", "1",
+            "--ami", ami, "--ssh-cidr", cidr),
+        rc=2,
+    )  # fmt: skip
+    assert cidr in line and "--allow-world-ssh" in line
+    assert aws_moto.requests("DescribeInstanceTypes") == []
+    nothing_of(ec2, "demo")
+    # asked for by name: the rule is made
+    aws_cluster.up(
+        session(), "demo", instance_type="c5.2xlarge", count=1, ami=ami, ssh_cidr=cidr,
+        allow_world_ssh=True, say=print,
+    )  # fmt: skip
+    (sg,) = sg_named(ec2, "dscluster-demo")
+    ssh = [p for p in sg["IpPermissions"] if p.get("FromPort") == 22]
+    found = ssh[0]["IpRanges"] + ssh[0]["Ipv6Ranges"]
+    ranges = [r.get("CidrIp") or r.get("CidrIpv6") for r in found]
+    assert ranges == [cidr]
 
 
 # ---------------------------------------------------------------- endpoints that are not EC2

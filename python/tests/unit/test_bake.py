@@ -320,27 +320,42 @@ def aws_source(ec2: Any, tmp_path: pathlib.Path) -> tuple[Any, Any]:
     return sess, inv
 
 
-def test_aws_bake_makes_a_tagged_ami_that_aws_up_starts_clean(ec2, tmp_path):
-    sess, inv = aws_source(ec2, tmp_path)
-    plan = bake.check(inv, node=None, name="dscluster-src-test")
-    worker = inv.hosts[1]
-    assert (plan.kind, plan.host, plan.region) == ("aws", worker, REGION)
-    assert plan.instance_id == inv.var(worker, "dscluster_instance_id")
-    aws_moto.reset()  # the request log: from here on, only what bake sends
+BAKED_TAGS = {
+    aws_cluster.BAKED_CLUSTER_TAG: "src",
+    "dscluster:baked-torch": "2.13.0+cpu",
+    "dscluster:baked-deepspeed": "0.19.8",
+    aws_cluster.BAKED_USER_TAG: "ds",
+}
+CLEAN_THEN_POWER_OFF = re.compile(
+    r"echo (\S+) \| base64 -d \| sh -s -- ds image && rm -f /home/\*/\.ssh/authorized_keys"
+    r" && sync && systemctl poweroff; exec sleep infinity"
+)
 
-    ami = bake.bake_aws(plan, sess, wait_s=30, console=Console())
-    (create,) = aws_moto.requests("CreateImage")
-    assert create["InstanceId"] == [plan.instance_id] and create["NoReboot"] == ["true"]
-    (image,) = ec2.describe_images(ImageIds=[ami])["Images"]
-    assert image["Name"] == "dscluster-src-test"
-    tags = {t["Key"]: t["Value"] for t in image.get("Tags", [])}
-    assert tags[aws_cluster.BAKED_CLUSTER_TAG] == "src"
-    assert tags["dscluster:baked-node"] == worker
-    assert tags["dscluster:baked-torch"] == "2.13.0+cpu"
-    assert tags["dscluster:baked-deepspeed"] == "0.19.8"
-    assert tags[aws_cluster.BAKED_USER_TAG] == "ds"
 
-    # aws up from the baked AMI: each node is told to clean it once, at first boot
+def assert_builder_cleans_itself_outside_the_cluster(run: dict[str, Any], node: dict[str, Any]):
+    """The builder's RunInstances: clean.sh at boot, then power off."""
+    cloud = yaml.safe_load(base64.b64decode(run["UserData"][0]).decode())
+    (cmd,) = cloud["bootcmd"]
+    assert cmd[:2] == ["sh", "-c"]
+    cleaning = CLEAN_THEN_POWER_OFF.fullmatch(cmd[2])
+    assert cleaning is not None, cmd[2]
+    clean_sh = (paths.docker_dir() / "bake" / "clean.sh").read_bytes()
+    assert base64.b64decode(cleaning[1]) == clean_sh
+    assert cloud["ssh_genkeytypes"] == []  # cloud-init makes no host key in the builder
+    # outside the cluster: no cluster tag, no key pair, no cluster security group; IMDSv2,
+    # an encrypted root volume, and a shutdown that stops (not terminates) it
+    assert "KeyName" not in run and not any(k.startswith("SecurityGroup") for k in run)
+    assert run["SubnetId"] == [node["SubnetId"]]
+    assert run["InstanceInitiatedShutdownBehavior"] == ["stop"]
+    assert run["MetadataOptions.HttpTokens"] == ["required"]
+    assert run["BlockDeviceMapping.1.Ebs.Encrypted"] == ["true"]
+    assert ec2_access.CLUSTER_TAG not in str(run)
+
+
+def assert_aws_up_cleans_at_first_boot(ec2: Any, sess: Any, ami: str) -> None:
+    """aws up from a baked AMI: each node is told to run clean.sh once, at first boot; from a
+    plain AMI, no user data."""
+    aws_moto.reset()
     lines: list[str] = []
     aws_cluster.up(sess, "next", instance_type="c5.2xlarge", count=2, ami=ami, say=lines.append)
     (run,) = aws_moto.requests("RunInstances")
@@ -359,6 +374,94 @@ def test_aws_bake_makes_a_tagged_ami_that_aws_up_starts_clean(ec2, tmp_path):
     aws_cluster.up(sess, "plain", instance_type="c5.2xlarge", count=1, ami=_ubuntu(ec2), say=print)
     (plain,) = aws_moto.requests("RunInstances")
     assert "UserData" not in plain
+
+
+def test_aws_bake_makes_a_tagged_ami_that_aws_up_starts_clean(ec2, tmp_path):
+    """The AMI is made of a builder that cleaned itself and stopped, never of the live node:
+    what ran before the final create_image is the cleaning script, and the uncleaned copy of
+    the node (an AMI and its snapshots) and the builder are gone afterwards."""
+    sess, inv = aws_source(ec2, tmp_path)
+    plan = bake.check(inv, node=None, name="dscluster-src-test")
+    worker = inv.hosts[1]
+    assert (plan.kind, plan.host, plan.region) == ("aws", worker, REGION)
+    assert plan.instance_id == inv.var(worker, "dscluster_instance_id")
+    (node,) = ec2.describe_instances(InstanceIds=[plan.instance_id])["Reservations"][0]["Instances"]
+    aws_moto.reset()  # the request log: from here on, only what bake sends
+
+    ami = bake.bake_aws(plan, sess, wait_s=30, console=Console())
+    # 1. an uncleaned copy of the live node, which is not rebooted
+    copy_request, final_request = aws_moto.requests("CreateImage")
+    assert copy_request["InstanceId"] == [plan.instance_id]
+    assert copy_request["NoReboot"] == ["true"]
+    # 2. a builder started from that copy, told to clean itself at boot and power off
+    (run,) = aws_moto.requests("RunInstances")
+    uncleaned = run["ImageId"][0]
+    assert uncleaned != ami
+    assert_builder_cleans_itself_outside_the_cluster(run, node)
+    # 3. the AMI: of the builder, once it had stopped (the cleaning done), never of the node
+    builder = final_request["InstanceId"][0]
+    assert builder not in (plan.instance_id, node["InstanceId"])
+    assert final_request["_InstanceState"] == ["stopped"]
+    assert "NoReboot" not in final_request
+    order = [name for name, _ in aws_moto.REQUESTS]
+    assert order.index("RunInstances") < len(order) - 1 - order[::-1].index("CreateImage")
+    (image,) = ec2.describe_images(ImageIds=[ami])["Images"]
+    tags = {t["Key"]: t["Value"] for t in image.get("Tags", [])}
+    assert image["Name"] == "dscluster-src-test" and tags["dscluster:baked-node"] == worker
+    assert BAKED_TAGS.items() <= tags.items()
+    # 4. the uncleaned copy, its snapshots and the builder are gone; the node runs on
+    found = ec2.describe_images(Filters=[{"Name": "image-id", "Values": [uncleaned]}])
+    assert found["Images"] == [] and aws_moto.requests("DeleteSnapshot")
+    snapshots = ec2.describe_snapshots(OwnerIds=["self"])["Snapshots"]
+    assert [s for s in snapshots if uncleaned in s.get("Description", "")] == []
+    assert [s for s in snapshots if ami in s.get("Description", "")]  # the AMI's own: kept
+    instances = {
+        i["InstanceId"]: i
+        for r in ec2.describe_instances(InstanceIds=[builder, plan.instance_id])["Reservations"]
+        for i in r["Instances"]
+    }
+    assert instances[builder]["State"]["Name"] in ("shutting-down", "terminated")
+    assert ec2_access.tag_value(instances[builder], ec2_access.CLUSTER_TAG) is None
+    assert instances[plan.instance_id]["State"]["Name"] == "running"
+
+    assert_aws_up_cleans_at_first_boot(ec2, sess, ami)
+
+
+def test_aws_bake_keeps_nothing_when_the_builder_never_stops(ec2, tmp_path, monkeypatch):
+    """A builder whose cleaning fails never powers off: the bake stops in one line, makes no
+    AMI, and removes the uncleaned copy, its snapshots and the builder."""
+    sess, inv = aws_source(ec2, tmp_path)
+    plan = bake.check(inv, node=None, name="dscluster-src-fails")
+    monkeypatch.setattr(bake, "builder_user_data", lambda user: "#cloud-config\nbootcmd: []\n")
+    aws_moto.reset()
+    with pytest.raises(DsclusterError) as exc:
+        bake.bake_aws(plan, sess, wait_s=3, console=Console())
+    (run,) = aws_moto.requests("RunInstances")
+    builder_line = str(exc.value)
+    assert "did not clean itself and stop in time" in builder_line and "\n" not in builder_line
+    assert "nothing was baked" in builder_line and "left" not in builder_line
+    assert len(aws_moto.requests("CreateImage")) == 1  # the uncleaned copy only
+    uncleaned = run["ImageId"][0]
+    assert (
+        ec2.describe_images(Filters=[{"Name": "image-id", "Values": [uncleaned]}])["Images"] == []
+    )
+    assert ec2.describe_images(Filters=[{"Name": "name", "Values": [plan.name]}])["Images"] == []
+    (req,) = aws_moto.requests("TerminateInstances")
+    assert req["InstanceId.1"] != [plan.instance_id]
+
+
+def test_aws_bake_names_what_it_could_not_remove(ec2, tmp_path):
+    sess, inv = aws_source(ec2, tmp_path)
+    plan = bake.check(inv, node=None, name="dscluster-src-left")
+    aws_moto.reset()
+    aws_moto.refuse("DeregisterImage", "UnauthorizedOperation", "not allowed")
+    with pytest.raises(DsclusterError) as exc:
+        bake.bake_aws(plan, sess, wait_s=30, console=Console())
+    (run,) = aws_moto.requests("RunInstances")
+    message = str(exc.value)
+    assert message.startswith("baked AMI ami-") and "\n" not in message
+    assert f"uncleaned AMI {run['ImageId'][0]}" in message and "snapshot snap-" in message
+    assert "holds the node's keys" in message and "builder instance" not in message
 
 
 def test_aws_bake_refuses_a_terminated_node(ec2, tmp_path):

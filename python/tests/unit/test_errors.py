@@ -42,6 +42,47 @@ def test_a_bug_is_one_line_naming_its_report(monkeypatch, tmp_path, capsys):
     assert len(reports) == 1 and str(reports[0]) in lines[0]
     text = reports[0].read_text()
     assert "Traceback" in text and "KeyError: 'unexpected'" in text and "'hostfile'" in text
+    # the job's argv is in it: readable by this user only
+    assert reports[0].stat().st_mode & 0o777 == 0o600
+    assert reports[0].parent.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_bug_report_is_private_even_where_an_older_one_was_not(monkeypatch, tmp_path):
+    """A reports directory an older dscluster made 0755 becomes 0700; a link planted at the
+    report's name is not written through (no report then, and the target is untouched)."""
+    from dscluster import errors  # noqa: PLC0415
+
+    monkeypatch.setenv("DSCLUSTER_CACHE", str(tmp_path / "cache"))
+    reports = tmp_path / "cache" / "bug-reports"
+    reports.mkdir(parents=True, mode=0o755)
+    os.chmod(reports, 0o755)
+    written = errors.bug_report(KeyError("x"), ["dscluster", "launch", "--token", "s3cret"])
+    assert written is not None and written.parent == reports
+    assert reports.stat().st_mode & 0o777 == 0o700
+    assert written.stat().st_mode & 0o777 == 0o600 and "s3cret" in written.read_text()
+    victim = tmp_path / "victim"
+    victim.write_text("mine\n")
+    written.unlink()
+    written.symlink_to(victim)
+    monkeypatch.setattr(errors.dt, "datetime", _Frozen(written.name))
+    assert errors.bug_report(KeyError("y"), ["dscluster"]) is None
+    assert victim.read_text() == "mine\n"
+
+
+class _Frozen:
+    """datetime stand-in whose now() gives the stamp of an earlier report's name."""
+
+    def __init__(self, name: str) -> None:
+        self.stamp = name.split("-", maxsplit=1)[0]
+
+    def now(self, tz):
+        stamp = self.stamp
+
+        class _Now:
+            def strftime(self, fmt):
+                return stamp
+
+        return _Now()
 
 
 def test_debug_shows_the_traceback(monkeypatch, tmp_path):
@@ -114,6 +155,44 @@ def test_write_files_failing_rename_leaves_everything_as_it_was(tmp_path, monkey
     with pytest.raises(DsclusterError, match="No space left on device; choose a writable place"):
         util.write_files(files)
     assert _tree(tmp_path) == before
+
+
+def test_write_files_backup_never_uses_a_name_someone_else_made(tmp_path, monkeypatch):
+    """The old file's backup goes under a fresh name: a file or link another user put at the
+    first name tried is left alone (no mktemp race), and a failure still restores the old
+    file byte for byte; without hard links the backup is a private copy."""
+    target = tmp_path / "hosts.yml"
+    target.write_text("old\n")
+    victim = tmp_path / "victim"
+    victim.write_text("not yours\n")
+    names = iter(["aaaa", "bbbb", "cccc", "dddd"])
+    monkeypatch.setattr(util.secrets, "token_hex", lambda n: next(names))
+    (tmp_path / ".hosts.yml.aaaa.old").symlink_to(victim)  # planted first
+    real_replace = os.replace
+    seen: list[str] = []
+
+    def replace(src, dst):
+        if str(src).endswith(".new"):
+            seen.extend(p.name for p in tmp_path.iterdir() if p.name.endswith(".old"))
+            raise OSError(28, "No space left on device")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(DsclusterError, match="No space left"):
+        util.write_files({target: "new\n"})
+    assert sorted(seen) == [".hosts.yml.aaaa.old", ".hosts.yml.bbbb.old"]  # skipped, not reused
+    assert target.read_text() == "old\n" and victim.read_text() == "not yours\n"
+    assert (tmp_path / ".hosts.yml.aaaa.old").is_symlink()
+    monkeypatch.setattr(os, "replace", real_replace)
+
+    def no_links(*args, **kwargs):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    util.write_files({target: "new\n"})
+    assert target.read_text() == "new\n" and victim.read_text() == "not yours\n"
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".old") and not p.is_symlink()]
+    assert "mktemp(" not in pathlib.Path(util.__file__).read_text()
 
 
 def test_write_files_refuses_a_directory_target_before_writing(tmp_path):

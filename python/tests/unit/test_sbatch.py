@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import subprocess
 import textwrap
 
@@ -375,13 +376,40 @@ def test_sbatch_accelerate_one_launch_per_node_seed_003s_form(tmp_path):
         assert c["opts"]["main_process_ip"] == "n1" and c["opts"]["main_process_port"] == "29612"
         assert (c["opts"]["num_machines"], c["opts"]["num_processes"]) == ("2", "4")
         assert c["opts"]["rdzv_backend"] == "static" and c["opts"]["max_restarts"] == "0"
-        assert c["opts"]["config_file"] == f"{tmp_path}/dscluster-accelerate.42.yaml"
+        config_file = pathlib.Path(c["opts"]["config_file"])
+        assert re.fullmatch(r"dscluster-accelerate\.42\.[A-Za-z0-9]{8}", config_file.parent.name)
+        assert config_file.parent.parent == tmp_path and config_file.name == "config.yaml"
         # no --gres: a CPU cluster; MULTI_CPU gets --multi_gpu so every rank starts
         assert "multi_gpu" in c["flags"] and "same_network" in c["flags"]
         assert "distributed_type: MULTI_CPU" in c["config"]
     got = ranks(tmp_path)
     assert [r["RANK"] for r in got] == ["0", "1", "2", "3"]
     assert {tuple(r["argv"]) for r in got} == {tuple(USER_ARGS[1:])}  # quoting kept
+
+
+def test_sbatch_accelerate_config_never_goes_through_a_predictable_path(tmp_path):
+    """The rendered script makes each node's config in a fresh 0700 directory (mktemp -d)
+    with noclobber; a link another user left at the old predictable path is not followed,
+    and the nodes' configs are two private files, not one shared one."""
+    text = sbatch.render_sbatch(
+        sbatch.SbatchOptions(launcher="accelerate", command=["train.py"], venv="/opt/v")
+    )
+    assert 'mktemp -d "${TMPDIR:-/tmp}/dscluster-accelerate.$SLURM_JOB_ID.XXXXXXXX"' in text
+    assert "(set -C; umask 077; printf" in text
+    assert "dscluster-accelerate.$SLURM_JOB_ID.yaml" not in text
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not yours\n")
+    (tmp_path / "dscluster-accelerate.42.yaml").symlink_to(victim)
+    script = write_script(tmp_path, "accelerate", "--slots", "2")
+    proc = submit(tmp_path, script, extra={"TMPDIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    assert victim.read_text() == "not yours\n"
+    configs = {pathlib.Path(c["opts"]["config_file"]) for c in accelerate_calls(tmp_path)}
+    assert len(configs) == 2  # one per node
+    for config in configs:
+        assert config.parent.stat().st_mode & 0o777 == 0o700
+        assert config.stat().st_mode & 0o777 == 0o600
+        assert not config.is_symlink() and "distributed_type: MULTI_CPU" in config.read_text()
 
 
 def test_sbatch_accelerate_users_config_travels_exactly(tmp_path):
@@ -392,7 +420,7 @@ def test_sbatch_accelerate_users_config_travels_exactly(tmp_path):
     assert proc.returncode == 0, proc.stderr
     calls = accelerate_calls(tmp_path)
     assert {c["config"] for c in calls} == {config.read_text() + "\n"}
-    assert {c["opts"]["config_file"] for c in calls} == {f"{tmp_path}/dscluster-accelerate.42.json"}
+    assert {pathlib.Path(c["opts"]["config_file"]).name for c in calls} == {"config.json"}
     assert all("multi_gpu" not in c["flags"] for c in calls)
 
 

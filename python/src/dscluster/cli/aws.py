@@ -59,7 +59,13 @@ def register(sub) -> None:
     up.add_argument(
         "--ssh-cidr",
         type=_shape("check_cidr"),
-        help="also allow SSH (tcp/22) into the security group from this CIDR",
+        help="also allow SSH (tcp/22) into the security group from this CIDR "
+        "(0.0.0.0/0 or ::/0 only with --allow-world-ssh)",
+    )
+    up.add_argument(
+        "--allow-world-ssh",
+        action="store_true",
+        help="accept an --ssh-cidr of prefix length 0 (SSH open to the whole internet)",
     )
     up.add_argument(
         "--wait",
@@ -87,6 +93,9 @@ def check_up(args: argparse.Namespace) -> None:
             "region, 'aws ec2 describe-images'), or an SSM parameter name starting with '/' "
             "that holds one; dscluster does not guess"
         )
+    from ..sources.aws_cluster import check_world_ssh  # noqa: PLC0415
+
+    check_world_ssh(args.ssh_cidr, args.allow_world_ssh)
     services = ("ec2", "ssm") if args.ami.startswith("/") else ("ec2",)
     check_aws_session(args, services)
 
@@ -114,6 +123,7 @@ def cmd_aws_up(args: argparse.Namespace, out: Console, err: Console) -> int:
         key_name=args.key_name,
         ssh_cidr=args.ssh_cidr,
         wait_s=args.wait,
+        allow_world_ssh=args.allow_world_ssh,
         say=_say(out),
     )
     out.print(result.summary(), markup=False, highlight=False)

@@ -4,9 +4,9 @@ Host keys: a node's first SSH connection must not trust a key it is merely shown
 prints each instance's SSH host keys to the serial console at first boot, between
 `-----BEGIN SSH HOST KEY KEYS-----` and `-----END SSH HOST KEY KEYS-----`; EC2 returns that
 console through the authenticated API (GetConsoleOutput), a channel already trusted. Those keys
-go into the cluster's known_hosts; StrictHostKeyChecking=accept-new then refuses any other key
-for those hosts, and only hosts whose console shows no keys (yet) are trusted on first use,
-named in a warning.
+go into the cluster's known_hosts, and StrictHostKeyChecking=yes refuses any other key. No host
+is ever trusted on first use: a host whose console shows no keys (yet) and that the cluster's
+known_hosts does not already pin stops the command (one line: wait and run it again).
 
 Instances are those tagged `dscluster:cluster=<name>` and running; stopped, stopping and
 terminated ones are ignored. Pending ones stop the command (one line: wait and run again):
@@ -287,7 +287,8 @@ def fetch_host_keys(ec2: Any, instance_ids: list[str]) -> dict[str, tuple[str, .
                 raise DsclusterError(
                     f"not allowed to read the console output of {iid} (ec2:GetConsoleOutput), "
                     "where the SSH host keys are; grant that permission, or pass "
-                    "--no-console-keys (first SSH connections then trust the key shown)"
+                    "--no-console-keys and put their host keys in the cluster's known_hosts "
+                    "yourself"
                 ) from exc
             raise
         try:
@@ -298,6 +299,19 @@ def fetch_host_keys(ec2: Any, instance_ids: list[str]) -> dict[str, tuple[str, .
 
     with ThreadPoolExecutor(max_workers=CONSOLE_WORKERS) as pool:
         return dict(pool.map(one, instance_ids))
+
+
+def pinned_hosts(known_hosts: pathlib.Path) -> set[str]:
+    """Host names and addresses a known_hosts file holds a plain key line for."""
+    if not known_hosts.exists():
+        return set()
+    found: set[str] = set()
+    for line in read_text(known_hosts, "known_hosts file").splitlines():
+        fields = line.split()
+        # marker lines (@revoked, @cert-authority) pin nothing; hashed names are not ours
+        if len(fields) >= 3 and not fields[0].startswith(("@", "|", "#")):
+            found.update(fields[0].split(","))
+    return found
 
 
 def merge_known_hosts(existing: str, nodes: list[Node]) -> str:
@@ -369,7 +383,7 @@ def host_names(instances: list[dict[str, Any]]) -> dict[str, str]:
 # ---------------------------------------------------------------- build + write
 
 
-def discover(  # noqa: C901, PLR0912, PLR0915 - discovery in one pass: instances, types, images, host keys, warnings
+def discover(  # noqa: C901, PLR0912, PLR0913, PLR0915 - discovery in one pass: instances, types, images, host keys, warnings
     sess: Any,
     cluster: str,
     *,
@@ -379,8 +393,13 @@ def discover(  # noqa: C901, PLR0912, PLR0915 - discovery in one pass: instances
     public: bool = False,
     cpu_slots: int = 1,
     console_keys: bool = True,
+    known_hosts: pathlib.Path | None = None,
 ) -> tuple[list[Node], list[str]]:
-    """The cluster's nodes (head first, then in launch order) and warnings; no writes."""
+    """The cluster's nodes (head first, then in launch order) and warnings; no writes.
+
+    A node whose console shows no host key must already be pinned in known_hosts (the
+    cluster's, by default), else the command stops: nothing is trusted on first use."""
+    known_hosts = known_hosts or state_dir(cluster) / "known_hosts"
     if not 1 <= cpu_slots <= MAX_SLOTS:
         raise DsclusterError(
             f"--slots {cpu_slots} is out of range; give slots per CPU host from 1 to {MAX_SLOTS}"
@@ -468,16 +487,25 @@ def discover(  # noqa: C901, PLR0912, PLR0915 - discovery in one pass: instances
             + ("drop --public or give them public IPs" if public else "check their network")
         )
     warnings += sorted({n.info.note for n in nodes if n.info.note})
-    keyless = [n.name for n in nodes if not n.host_keys]
-    if console_keys and keyless:
-        shown = ", ".join(keyless[:5]) + (
+    pinned = pinned_hosts(known_hosts)
+    # ssh looks the key up by the address it connects to (ansible_host), not the name
+    keyless = [n for n in nodes if not n.host_keys and n.address not in pinned]
+    if keyless and console_keys:
+        shown = ", ".join(f"{n.instance_id} ({n.name})" for n in keyless[:5]) + (
+            f" and {len(keyless) - 5} more" if len(keyless) > 5 else ""
+        )
+        raise DsclusterError(
+            f"no SSH host key in the EC2 console output of {shown} yet, and none pinned in "
+            f"{known_hosts}: cloud-init prints them a few minutes after first boot; wait and "
+            "run 'dscluster inventory aws' again (a host key is never trusted on first use)"
+        )
+    if keyless:
+        shown = ", ".join(n.name for n in keyless[:5]) + (
             f" and {len(keyless) - 5} more" if len(keyless) > 5 else ""
         )
         warnings.append(
-            f"no SSH host keys in the EC2 console output of {shown} (cloud-init prints them a "
-            "few minutes after first boot): their first SSH connection trusts the key it is "
-            "shown (StrictHostKeyChecking=accept-new); run 'dscluster inventory aws' again "
-            "later to pin them"
+            f"--no-console-keys: no host key of {shown} is pinned in {known_hosts}; SSH to "
+            "them is refused (StrictHostKeyChecking=yes) until their keys are added there"
         )
     if not any(n.key_file for n in nodes):
         warnings.append(
@@ -530,7 +558,7 @@ def describe(
             "dscluster_aws_region": region,
             "dscluster_cpu_slots": cpu_slots,
             "ansible_ssh_common_args": (
-                "-o ConnectTimeout=15 -o StrictHostKeyChecking=accept-new "
+                "-o ConnectTimeout=15 -o StrictHostKeyChecking=yes "
                 f"-o UserKnownHostsFile={known_hosts}"
             ),
         },
@@ -573,6 +601,7 @@ def write_inventory(  # noqa: PLR0913 - the inventory aws command's options, eac
     console_keys: bool = True,
 ) -> Result:
     """Discover, render both files, then write them (nothing is written on any error)."""
+    known_hosts = state_dir(cluster) / "known_hosts"
     nodes, warnings = discover(
         sess,
         cluster,
@@ -582,10 +611,10 @@ def write_inventory(  # noqa: PLR0913 - the inventory aws command's options, eac
         public=public,
         cpu_slots=cpu_slots,
         console_keys=console_keys,
+        known_hosts=known_hosts,
     )
     region = str(sess.region_name)
     out = pathlib.Path(out_dir).expanduser() if out_dir else inventory_dir("aws")
-    known_hosts = state_dir(cluster) / "known_hosts"
     written = write(describe(cluster, region, nodes, cpu_slots, known_hosts), out)
     assert written.hostfile is not None
     return Result(written.hosts_yml, written.hostfile, nodes, region, warnings)

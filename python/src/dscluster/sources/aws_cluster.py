@@ -2,15 +2,17 @@
 
 `up` makes (or reuses) a cluster placement group `dscluster-<name>`, a security group
 `dscluster-<name>` in the subnet's VPC that lets the cluster talk to itself, and starts only
-the instances missing from `--count`. Everything it makes carries `dscluster:cluster=<name>`
-(the first head also `dscluster:role=head`); `down` finds things by that tag and the
-`dscluster-<name>` names, and removes those and nothing else.
+the instances missing from `--count` (IMDSv2 only, the AMI's root volume encrypted; SSH from
+the whole internet only with `--allow-world-ssh`). Everything it makes carries
+`dscluster:cluster=<name>` (the first head also `dscluster:role=head`); `down` finds things
+by that tag and the `dscluster-<name>` names, and removes those and nothing else.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import time
 from collections.abc import Callable
 from typing import Any
@@ -44,6 +46,15 @@ BAKED_USER_TAG = "dscluster:baked-user"
 LIVE_STATES = ["pending", "running"]
 NOT_GONE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 WAITER_DELAY_S = 5
+# What `up` and `image bake`'s builder start with: IMDSv2 only, so a job's proxied or
+# redirected GET never reads the instance role's credentials, and hop limit 1 (not 2), so no
+# container behind a bridge on the node gets a token either (only cloud-init, on the host,
+# reads the metadata).
+METADATA_OPTIONS = {
+    "HttpTokens": "required",
+    "HttpEndpoint": "enabled",
+    "HttpPutResponseHopLimit": 1,
+}
 # After termination, EC2 keeps the instances' network interfaces for a while; the security group
 # cannot be deleted until they are gone (DependencyViolation). Retry this long at most.
 SG_DELETE_RETRY_S = 180
@@ -264,6 +275,43 @@ def _ssh_rule_present(permissions: list[dict[str, Any]], ssh_cidr: str) -> bool:
     )
 
 
+def check_world_ssh(ssh_cidr: str | None, allow_world_ssh: bool) -> None:
+    """Refuse an SSH rule open to the whole internet unless asked for by name."""
+    import ipaddress  # noqa: PLC0415
+
+    if ssh_cidr is None or allow_world_ssh:
+        return
+    try:
+        prefix = ipaddress.ip_network(ssh_cidr, strict=False).prefixlen
+    except ValueError:
+        return  # check_cidr names the shape
+    if prefix == 0:
+        raise DsclusterError(
+            f"--ssh-cidr {ssh_cidr} opens SSH to the whole internet; give your own network "
+            "(e.g. 203.0.113.7/32), or add --allow-world-ssh if you mean it"
+        )
+
+
+def root_volume(image: dict[str, Any], image_id: str) -> list[dict[str, Any]]:
+    """RunInstances BlockDeviceMappings: the AMI's root device, encrypted (EBS's default key
+    unless the account sets another) and removed with the instance."""
+    device = image.get("RootDeviceName")
+    if image.get("RootDeviceType") == "instance-store" or not device:
+        raise DsclusterError(
+            f"AMI {image_id} has no EBS root device ({image.get('RootDeviceType') or 'none'}); "
+            "dscluster starts only EBS-backed AMIs, whose root volume it encrypts; pick another "
+            "--ami"
+        )
+    ebs: dict[str, Any] = {"Encrypted": True, "DeleteOnTermination": True}
+    for mapping in image.get("BlockDeviceMappings") or []:
+        if mapping.get("DeviceName") == device:
+            # the AMI's own snapshot, size and type, so that only encryption changes
+            given = mapping.get("Ebs") or {}
+            keep = ("SnapshotId", "VolumeSize", "VolumeType", "Iops", "Throughput")
+            ebs = {k: given[k] for k in keep if k in given} | ebs
+    return [{"DeviceName": str(device), "Ebs": ebs}]
+
+
 def network_interfaces(subnet_id: str, group_id: str, efa: bool) -> list[dict[str, Any]]:
     """RunInstances NetworkInterfaces: the primary interface (card 0, device 0) in the cluster's
     security group, an EFA (InterfaceType efa: EFA with ENA, so it also carries IP) with --efa.
@@ -289,6 +337,7 @@ def check_up_options(
     key_name: str | None,
     ssh_cidr: str | None,
     wait_s: int,
+    allow_world_ssh: bool = False,
 ) -> None:
     """Every refusal `up` can make from its options alone, before any AWS call."""
     check_instance_type(instance_type)
@@ -308,6 +357,7 @@ def check_up_options(
         check_key_name(key_name)
     if ssh_cidr is not None:
         check_cidr(ssh_cidr)
+        check_world_ssh(ssh_cidr, allow_world_ssh)
     if wait_s < 0:
         raise DsclusterError(f"--wait {wait_s} is negative; give seconds, e.g. 600")
 
@@ -320,6 +370,7 @@ class _Plan:
     image_id: str
     existing: list[dict[str, Any]]
     missing: int
+    root: list[dict[str, Any]]  # BlockDeviceMappings: the AMI's root device, encrypted
     # The AMI was made by `dscluster image bake` (its training user; "" if not): its nodes
     # clean it at first boot.
     baked: str = ""
@@ -380,10 +431,11 @@ def _plan(
                 f"key pair {key_name} does not exist in {region}; create or import it "
                 "('aws ec2 import-key-pair') or check --key-name"
             )
+    root = root_volume(found["Images"][0], image_id)
     existing = live_instances(ec2, cluster, LIVE_STATES)
     tags = {t.get("Key"): t.get("Value") for t in found["Images"][0].get("Tags") or []}
     baked = str(tags.get(BAKED_USER_TAG) or "ds") if BAKED_CLUSTER_TAG in tags else ""
-    return _Plan(type_info, image_id, existing, count - len(existing), baked)
+    return _Plan(type_info, image_id, existing, count - len(existing), root, baked)
 
 
 def up(  # noqa: PLR0913 - the aws up command's options, each a keyword
@@ -398,6 +450,7 @@ def up(  # noqa: PLR0913 - the aws up command's options, each a keyword
     key_name: str | None = None,
     ssh_cidr: str | None = None,
     wait_s: int = 600,
+    allow_world_ssh: bool = False,
     say: Say = print,
 ) -> UpResult:
     """Create or reconcile the cluster; a second run with the same arguments creates nothing.
@@ -414,6 +467,7 @@ def up(  # noqa: PLR0913 - the aws up command's options, each a keyword
         key_name=key_name,
         ssh_cidr=ssh_cidr,
         wait_s=wait_s,
+        allow_world_ssh=allow_world_ssh,
     )
     assert ami is not None
     region = str(sess.region_name)
@@ -500,7 +554,7 @@ def baked_user_data(user: str = "ds") -> str:
 
     script = (paths.docker_dir() / "bake" / "clean.sh").read_bytes()
     encoded = base64.b64encode(script).decode()
-    command = f"echo {encoded} | base64 -d | sh -s -- {user} first-boot"
+    command = f"echo {encoded} | base64 -d | sh -s -- {shlex.quote(user)} first-boot"
     return (
         "#cloud-config\n"
         "# dscluster: this AMI was made by `dscluster image bake`; clean it once per instance.\n"
@@ -550,6 +604,8 @@ def _create(  # noqa: PLR0913 - what up decided, each a keyword
         "MaxCount": plan.missing,
         "Placement": {"GroupName": resource_name(cluster)},
         "NetworkInterfaces": network_interfaces(sub["SubnetId"], group_id, efa),
+        "MetadataOptions": METADATA_OPTIONS,
+        "BlockDeviceMappings": plan.root,
         "TagSpecifications": [
             {"ResourceType": kind, "Tags": _tags(cluster)}
             for kind in ("instance", "volume", "network-interface")

@@ -45,6 +45,9 @@ CASES = [
     Case("aws-up-cidr-no-prefix", up(ssh_cidr="10.0.0.1"), "10.0.0.1", "address/prefix"),
     Case("aws-up-cidr-word", up(ssh_cidr="anywhere"), "anywhere", "203.0.113.7/32"),
     Case("aws-up-cidr-prefix-33", up(ssh_cidr="10.0.0.0/33"), "10.0.0.0/33", "address/prefix"),
+    # SSH open to the whole internet needs --allow-world-ssh by name
+    Case("aws-up-cidr-world", up(ssh_cidr="0.0.0.0/0"), "0.0.0.0/0", "--allow-world-ssh"),
+    Case("aws-up-cidr-world-v6", up(ssh_cidr="::/0"), "::/0", "--allow-world-ssh"),
     Case("aws-up-subnet-shape", up(subnet="sub-123"), "sub-123", "subnet-0123456789abcdef0"),
     Case("aws-up-subnet-upper", up(subnet="subnet-ABCDEF12"), "subnet-ABCDEF12", "subnet-0123"),
     Case(
