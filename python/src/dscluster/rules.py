@@ -94,6 +94,15 @@ def show(value: Any) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
+def _shown(value: Any, rule: Mapping[str, Any]) -> str:
+    """show(value), or for a secret rule only its keys (a mapping) or its kind."""
+    if not rule.get("secret"):
+        return show(value)
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(str(k) for k in value) + "} (values hidden)"
+    return "hidden"
+
+
 def _type_ok(rule: Mapping[str, Any], value: Any) -> bool:
     want = _TYPE_OF.get(str(rule.get("type")), "str")
     if want == "int":
@@ -131,7 +140,7 @@ def _mapping_problem(rule: Mapping[str, Any], value: Mapping[Any, Any]) -> str |
         if types is not None and not _scalar_ok(item, types):
             if item is None:
                 return f"{key} is null"
-            if isinstance(item, float):
+            if isinstance(item, float) and not rule.get("secret"):
                 return f"{key} is {item}"
             return f"{key} is {kind(item)}"
     return None
@@ -178,7 +187,8 @@ def problem(name: str, value: Any, rule: Mapping[str, Any], detail: str | None =
     if detail is None:
         detail = kind(value) if not _type_ok(rule, value) else _entry_problem(rule, value)
     what = f" ({detail})" if detail else ""
-    text = f"{name} is {show(value)}{what}; it must be {rule['must']}, e.g. {rule['example']}"
+    shown = _shown(value, rule)
+    text = f"{name} is {shown}{what}; it must be {rule['must']}, e.g. {rule['example']}"
     if rule.get("fix"):
         text += f" ({rule['fix']})"
     return text

@@ -43,6 +43,7 @@ from .hostfile import SYSTEM_PATH, check_env_value, parse_env_file, render_env
 from .inventory import DEFAULT_MASTER_PORT, master_port_var, plain_var
 from .launch import accelerate
 from .launch.render import check_deepspeed_args, render_deepspeed_rank_wrapper
+from .storage import SOURCE_SECRETS
 from .util import atomic_write
 from .validate import read_text
 
@@ -338,6 +339,9 @@ def render_sbatch(opts: SbatchOptions) -> str:
             lines.append(f'export PATH={q(value)}:"$PATH"')
         else:
             lines.append(f"export {key}={q(value)}")
+    # Job secrets from the node's own 0600 file: srun's tasks inherit them, ds_rank.sh sources
+    # them again on the nodes pdsh reaches.
+    lines.append(SOURCE_SECRETS)
     modes = {"deepspeed": _DEEPSPEED, "torchrun": _TORCHRUN, "srun": _SRUN}
     body = (modes | {"accelerate": _ACCELERATE})[opts.launcher]
     fill = _fill(opts, env_file)

@@ -23,6 +23,10 @@ KINDS = ("nfs", "lustre", "external", "none")
 DEFAULT_SHARED_DIR = "/shared"
 # Node-local places (used when there is no shared storage, and for scratch always).
 LOCAL_ROOT = "/var/lib/dscluster"
+# Job secrets (dscluster_secret_env) on every node: the training user's alone (0600) in root's
+# LOCAL_ROOT, written by deepspeed_launcher and sourced by every rank wrapper.
+SECRETS_FILE = f"{LOCAL_ROOT}/secrets.env"
+SOURCE_SECRETS = f"if [ -r {SECRETS_FILE} ]; then . {SECRETS_FILE}; fi"
 LOCAL_WHEELHOUSE = "/opt/dscluster/wheelhouse"
 
 PATH_VARS = (

@@ -128,3 +128,69 @@ def test_a_renamed_shared_tree_pointing_at_system_directories_is_refused(
     assert docker("exec", f"dsc-{HEAD}", "stat", "-c", "%U %a", "/shared/dscluster").strip() == (
         "root 755"
     )
+
+
+SECRET_JOB = """\
+import hashlib, os, socket
+digest = hashlib.sha256(os.environ.get("HF_TOKEN", "").encode()).hexdigest()
+os.write(1, f"SECRET {socket.gethostname()} {digest}\\n".encode())
+"""
+
+
+def test_job_secrets_reach_every_rank_and_nowhere_else(
+    provisioned: pathlib.Path, tmp_path: pathlib.Path
+):
+    """dscluster_secret_env: each node gets a 0600 file of the training user's in root's
+    /var/lib/dscluster, every rank of a deepspeed launch reads the token from it, and the token
+    is in no job file, no provision or launch output, no report, and not readable by another
+    user. Emptied, the files are removed."""
+    import hashlib  # noqa: PLC0415
+    import json  # noqa: PLC0415
+
+    import yaml  # noqa: PLC0415
+
+    token = "hf_e2e-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:16]
+    path = provisioned / "group_vars" / "all.yml"
+    before = path.read_text() if path.exists() else None
+    data = (yaml.safe_load(before) if before else None) or {}
+    path.parent.mkdir(exist_ok=True)
+    path.write_text("---\n" + yaml.safe_dump(data | {"dscluster_secret_env": {"HF_TOKEN": token}}))
+    hosts = (HEAD, N2, N3)
+    try:
+        prov = dsc("provision", "-i", str(provisioned), "--tags", "launcher", timeout=600)
+        assert prov.returncode == 0, prov.stdout[-3000:] + prov.stderr[-2000:]
+        assert token not in prov.stdout + prov.stderr
+        for host in hosts:
+            st = on(host, "stat -c '%U %a' /var/lib/dscluster/secrets.env").stdout.strip()
+            assert st == "ds 600", (host, st)
+            assert on(host, "cat /var/lib/dscluster/secrets.env", user="nobody").returncode != 0
+        script = tmp_path / "secret_job.py"
+        script.write_text(SECRET_JOB)
+        proc = dsc(
+            "launch", "-i", str(provisioned), "--launcher", "deepspeed", "--no-doctor",
+            "--master-port", "29519", "--timeout", "120", "--", str(script), timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+        said = proc.stdout + proc.stderr
+        assert token not in said
+        log = pathlib.Path(said.split("; log ", 1)[1].split(";", 1)[0]).read_text()
+        assert token not in log
+        want = hashlib.sha256(token.encode()).hexdigest()
+        lines = [ln.split("SECRET ", 1)[1].split() for ln in log.splitlines() if "SECRET " in ln]
+        seen = {words[0]: words[1] for words in lines}
+        assert seen == dict.fromkeys(hosts, want), said[-3000:]
+        # in no job file on the shared storage, and in no report or log on the controller
+        leak = on(HEAD, f"grep -rlF -- {token} /shared/dscluster/jobs || true").stdout
+        assert leak.strip() == ""
+        for report in (provisioned / "reports").glob("*"):
+            assert token not in report.read_text(errors="replace"), report
+        assert token not in json.dumps([str(p) for p in provisioned.rglob("*")])
+    finally:
+        if before is None:
+            path.unlink()
+        else:
+            path.write_text(before)
+    prov = dsc("provision", "-i", str(provisioned), "--tags", "launcher", timeout=600)
+    assert prov.returncode == 0, prov.stdout[-3000:] + prov.stderr[-2000:]
+    for host in hosts:
+        assert on(host, "test -e /var/lib/dscluster/secrets.env").returncode != 0, host

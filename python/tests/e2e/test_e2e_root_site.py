@@ -95,8 +95,8 @@ TAMPERED = {
     "base : Create the training user": "usermod --shell /bin/sh ds",
     # writable by others: sshd's StrictModes refuses every key in it, and authorized_key
     # leaves a file that already holds the key as it is (before: "Permission denied" at the
-    # login check)
-    "cluster_ssh : Close authorized_keys to the SSH user": (
+    # login check). The module run closes it (a file task there would follow a link).
+    "cluster_ssh : Install the cluster key pair and authorise it": (
         "chmod 666 /home/ds/.ssh/authorized_keys"
     ),
     "node_facts : Install the accelerators fact": (

@@ -890,3 +890,40 @@ def test_mode_options_become_plan_keywords_and_staged_files(tmp_path):
     script = g.files["launch.sh"][0]
     assert "[ -f /opt/oh/g.py ] || { printf 'dscluster: --gaudi-spawn %s is not a file" in script
     assert script.index("[ -f /opt/oh/g.py ]") < script.index("exec ")
+
+
+# --- job secrets (SECURITY.md): the node's 0600 file, sourced by every rank wrapper ------------
+
+
+@pytest.mark.parametrize(
+    ("launcher", "wrapper"),
+    [("deepspeed", "ds_rank.sh"), ("torchrun", "torchrun_node.sh"), ("mpi", "mpi_rank.sh"),
+     ("accelerate", "accelerate_node.sh")],
+)  # fmt: skip
+def test_every_rank_wrapper_sources_the_nodes_secrets_file(tmp_path, launcher, wrapper):
+    """A rank gets dscluster_secret_env from the node's own file, read by its wrapper as the
+    training user; the job's files and the head's command line never hold a secret (the
+    client does not read dscluster_secret_env at all)."""
+    from dscluster.storage import SECRETS_FILE, SOURCE_SECRETS  # noqa: PLC0415
+
+    p = accel_plan() if launcher == "accelerate" else plan(launcher)
+    names = {name for name in p.files if name.endswith(".sh")}
+    assert wrapper in names, names
+    text, _ = p.files[wrapper]
+    assert SOURCE_SECRETS in text
+    secrets = tmp_path / "secrets.env"
+    secrets.write_text("export HF_TOKEN='tok en'\n")
+    head = text.split(SOURCE_SECRETS, 1)[0].replace("set -eu", "set -u")
+    script = tmp_path / "part.sh"
+    script.write_text(head + SOURCE_SECRETS.replace(SECRETS_FILE, str(secrets)) + "\nenv\n")
+    proc = subprocess.run(
+        ["bash", str(script), "h1", "0"], env={"PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "HF_TOKEN=tok en" in proc.stdout.splitlines()
+    # where the file is missing (no secrets set) the wrapper goes on without it
+    script.write_text(head + SOURCE_SECRETS + "\necho went-on\n")
+    proc = subprocess.run(
+        ["bash", str(script), "h1", "0"], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0 and "went-on" in proc.stdout

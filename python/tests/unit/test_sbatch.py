@@ -436,3 +436,16 @@ def test_sbatch_accelerate_generated_kinds(tmp_path):
         rc=2,
     )  # fmt: skip
     assert "CPU-only" in line and "--accelerate-config-kind ddp" in line
+
+
+@pytest.mark.parametrize("mode", ["deepspeed", "torchrun", "srun", "accelerate"])
+def test_sbatch_sources_the_nodes_secrets_file_and_holds_none(tmp_path, mode):
+    """Job secrets reach the ranks from each node's own 0600 file (srun's tasks inherit the
+    batch step's environment; ds_rank.sh reads it again where pdsh starts ranks): the batch
+    script, which sbatch copies to the spool and `scontrol write batch_script` prints, holds
+    none."""
+    from dscluster.storage import SOURCE_SECRETS  # noqa: PLC0415
+
+    extra = ("--accelerate-config-kind", "ddp") if mode == "accelerate" else ("--slots", "1")
+    text = write_script(tmp_path, mode, *extra).read_text()
+    assert text.count(SOURCE_SECRETS) == (2 if mode == "deepspeed" else 1)

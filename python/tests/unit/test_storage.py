@@ -111,3 +111,11 @@ def test_validate_inventory_knows_the_path_set():
         assert name in defaults["validate_inventory_known_vars"]
         assert name in defaults["validate_inventory_cluster_wide_vars"]
     assert defaults["validate_inventory_storage_kinds"] == list(storage.KINDS)
+
+
+def test_the_secrets_file_is_where_the_rank_wrappers_read_it():
+    """deepspeed_launcher writes the job secrets where storage.SOURCE_SECRETS (every rank
+    wrapper) reads them, in the directory of the node-local paths."""
+    defaults = yaml.safe_load(rolefiles.path("deepspeed_launcher", "defaults/main.yml").read_text())
+    assert defaults["deepspeed_launcher_secret_env_file"] == storage.SECRETS_FILE
+    assert storage.SECRETS_FILE.startswith(storage.LOCAL_ROOT + "/")

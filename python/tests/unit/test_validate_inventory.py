@@ -279,3 +279,26 @@ def test_unknown_variables_and_disagreeing_hosts_are_named_per_host(tmp_path):
     rc, out = validate(tmp_path, {}, host_vars={"h1": {}, "h2": {"dscluster_cpu_slots": "{{ 0 }}"}})
     assert rc != 0
     assert any("on h2: dscluster_cpu_slots is 0;" in ln for ln in problems(out)), problems(out)
+
+
+def test_a_refused_secret_names_its_keys_never_its_values(tmp_path):
+    """dscluster_secret_env holds tokens: the role's refusal, the loop items Ansible prints
+    and the client's own line name the keys and what is wrong, never a value."""
+    rc, out = validate(
+        tmp_path, {"dscluster_secret_env": {"HF_TOKEN": "hunter2-token", "BAD": ["hunter3"]}}
+    )
+    assert rc != 0
+    assert any(
+        'dscluster_secret_env is "{BAD, HF_TOKEN} (values hidden)"' in line
+        for line in problems(out)
+    ), problems(out)
+    assert "hunter2" not in out and "hunter3" not in out
+    from dscluster import rules  # noqa: PLC0415
+
+    rule = rules.variables()["dscluster_secret_env"]
+    line = rules.problem("dscluster_secret_env", {"HF_TOKEN": 1.5e400, "X": ["hunter3"]}, rule)
+    assert line.startswith("dscluster_secret_env is {HF_TOKEN, X} (values hidden) (HF_TOKEN is")
+    assert "hunter3" not in line and "inf" not in line
+    assert rules.problem("dscluster_secret_env", "HF_TOKEN=hunter2", rule).startswith(
+        "dscluster_secret_env is hidden (a string)"
+    )

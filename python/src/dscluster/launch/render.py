@@ -29,6 +29,7 @@ from ..hostfile import (
     render_hostfile,
 )
 from ..inventory import DEFAULT_MASTER_PORT
+from ..storage import SOURCE_SECRETS
 from .select import select_resources
 
 LAUNCHERS = ("deepspeed", "torchrun", "mpi", "accelerate", "gaudi_spawn")
@@ -124,6 +125,8 @@ def render_deepspeed_rank_wrapper(python: str) -> str:
         "# The CPU profile's ACCELERATE_USE_CPU switches accelerate's DeepSpeed plugin off\n"
         "# (an HF Trainer given --deepspeed would train plain DDP).\n"
         "unset ACCELERATE_USE_CPU\n"
+        "# Job secrets come from the node's own 0600 file, never from a command line.\n"
+        f"{SOURCE_SECRETS}\n"
         "# launch.py puts --local_rank=N right after its 'script' (this file): move it back\n"
         "# behind the user's script, where it lands without --no_python.\n"
         "if [ $# -ge 2 ]; then\n"
@@ -200,6 +203,7 @@ def render_torchrun_node_script(
         "set -eu",
         'export DSCLUSTER_LAUNCH_TIME="${2:-}"',
         *(f"export {k}={shlex.quote(v)}" for k, v in env.items()),
+        SOURCE_SECRETS,
         f"cd {shlex.quote(job_dir)}",
         'case "$1" in',
     ]
@@ -249,6 +253,7 @@ def render_mpi_rank_wrapper(venv: str, slots: Sequence[int] = ()) -> str:
         "  first=$((first + n)) node=$((node + 1))\n"
         "done\n"
         'export NODE_RANK="$node" GROUP_RANK="$node"\n'
+        f"{SOURCE_SECRETS}\n"
         "# launch_watch.py rank: says when the rank exits non-zero, naming it (mpirun may not)\n"
         f'exec {python} -S -u launch_watch.py rank -- {python} -u "$@"\n'
     )

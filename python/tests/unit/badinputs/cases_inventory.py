@@ -157,6 +157,13 @@ _BAD: list[tuple[str, Callable[[pathlib.Path], None], str, str]] = [
      "single values"),
     ("extra-env-string", inventory({"dscluster_extra_env": "A=1"}), "'A=1'",
      "dscluster_extra_env: {OMP_NUM_THREADS: 4}"),
+    # secret_env: NAME -> one scalar, as extra_env (the value never in the message).
+    ("secret-env-list", inventory({"dscluster_secret_env": ["HF_TOKEN=x"]}), "dscluster_secret_env",
+     "dscluster_secret_env: {HF_TOKEN:"),
+    ("secret-env-dash-key", inventory({"dscluster_secret_env": {"HF-TOKEN": "x"}}), "HF-TOKEN",
+     "environment variable names"),
+    ("secret-env-nested", inventory({"dscluster_secret_env": {"A": {"B": 1}}}),
+     "dscluster_secret_env", "single values"),
     # base_extra_packages: a list of Debian package names.
     ("extra-packages-string", inventory({"base_extra_packages": "htop vim"}),
      "'htop vim' (a string)", "base_extra_packages: [htop, nvtop]"),
