@@ -194,3 +194,39 @@ def test_job_secrets_reach_every_rank_and_nowhere_else(
     assert prov.returncode == 0, prov.stdout[-3000:] + prov.stderr[-2000:]
     for host in hosts:
         assert on(host, "test -e /var/lib/dscluster/secrets.env").returncode != 0, host
+
+
+def test_a_replaced_wheel_with_its_lock_edited_to_match_is_copied_again(
+    provisioned: pathlib.Path,
+):
+    """The node's wheel copy: ds cannot write it any more (root's all the way up); a wheel
+    replaced there anyway (as an earlier version left it writable, simulated as root) with the
+    node's lock.json and requirements.lock edited to match is found by its digest against the
+    controller's lock and copied again, never installed: the venv is untouched."""
+    import json  # noqa: PLC0415
+
+    wheelhouse = "/shared/dscluster/wheelhouse"
+    wheel = "annotated_types-0.8.0-py3-none-any.whl"
+    assert on(HEAD, f"cp {wheelhouse}/{wheel} {wheelhouse}/x.whl", user="ds").returncode != 0
+    facts = json.loads((provisioned / "facts" / f"{HEAD}.json").read_text())
+    venv = facts["versions"]["venv"]
+    installed = f"sha256sum {venv}/lib/python3*/site-packages/annotated_types/*.py"
+    venv_before = on(HEAD, installed).stdout
+    good = on(HEAD, f"sha256sum {wheelhouse}/{wheel}").stdout.split()[0]
+    tamper = (
+        f"cd {wheelhouse} && size=$(stat -c %s {wheel}) && "
+        f"head -c $size /dev/urandom > {wheel} && new=$(sha256sum {wheel} | cut -d' ' -f1) && "
+        f"sed -i s/{good}/$new/g lock.json requirements.lock && echo $new"
+    )
+    bad = on(HEAD, tamper).stdout.strip()
+    assert bad and bad != good
+    proc = dsc("provision", "-i", str(provisioned), "--tags", "ml_stack", timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert on(HEAD, f"sha256sum {wheelhouse}/{wheel}").stdout.split()[0] == good
+    assert on(
+        HEAD, f"grep -c {bad} {wheelhouse}/lock.json {wheelhouse}/requirements.lock"
+    ).stdout.split() == [
+        f"{wheelhouse}/lock.json:0",
+        f"{wheelhouse}/requirements.lock:0",
+    ]
+    assert on(HEAD, installed).stdout == venv_before

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import pathlib
+import stat
 
 import pytest
 from PIL import Image
@@ -416,3 +418,27 @@ def test_png_of_a_single_node_run():
                      "gbps": [[None]]}  # fmt: skip
     report["ranks"] = [rank(0, "n1")]
     assert Image.open(io.BytesIO(render_png(report))).size[0] > 0
+
+
+def test_the_default_nvme_dir_is_a_private_one_another_user_cannot_plant(tmp_path):
+    """--nvme-dir's default is under the shared /tmp, per user: made 0700 where missing, and
+    refused in one line where another user put a link or a directory of their own first (the
+    ranks would write their optimizer state there)."""
+    default = smoke_job.parse_args(["--report", "r.json"]).nvme_dir
+    assert default.endswith(f"dscluster-nvme-{os.getuid()}") and "/tmp" in default
+    mine = tmp_path / "mine"
+    smoke_job.private_dir(str(mine))
+    assert stat.S_IMODE(mine.stat().st_mode) == 0o700
+    smoke_job.private_dir(str(mine))  # again: kept
+    target = tmp_path / "victim"
+    target.mkdir()
+    link = tmp_path / "planted-link"
+    link.symlink_to(target)
+    with pytest.raises(SystemExit, match="is a symbolic link; remove it"):
+        smoke_job.private_dir(str(link))
+    if os.getuid() == 0:
+        foreign = tmp_path / "planted-dir"
+        foreign.mkdir(mode=0o777)
+        os.chown(foreign, 65534, 65534)
+        with pytest.raises(SystemExit, match=r"not a directory of this user's \(uid 65534\)"):
+            smoke_job.private_dir(str(foreign))

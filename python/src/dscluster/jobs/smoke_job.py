@@ -21,6 +21,7 @@ pure functions here are also imported by dscluster's unit tests).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import gc
 import hashlib
@@ -29,8 +30,10 @@ import math
 import os
 import shutil
 import socket
+import stat
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Hashable, Sequence
 from typing import Any, NamedTuple
@@ -56,7 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--zero", type=stage_list, default=[2], help="ZeRO stages, e.g. 1,2,3")
     parser.add_argument("--offload", choices=OFFLOADS, default="none")
     parser.add_argument(
-        "--nvme-dir", default="/tmp/dscluster-nvme", help="node-local directory for NVMe offload"
+        "--nvme-dir",
+        default=os.path.join(tempfile.gettempdir(), f"dscluster-nvme-{os.getuid()}"),
+        help="node-local directory for NVMe offload (default: a private one of this user's)",
     )
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument(
@@ -506,11 +511,30 @@ def faster_pass(
     ]
 
 
+def private_dir(path: str) -> None:
+    """Make `path` this user's own (0700) where it is missing; refuse one that is a link or
+    another user's: the default lies in a /tmp every local user can write to first."""
+    parent = os.path.dirname(path.rstrip("/"))
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    st = os.lstat(path)
+    link = stat.S_ISLNK(st.st_mode)
+    if link or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        what = "a symbolic link" if link else f"not a directory of this user's (uid {st.st_uid})"
+        raise SystemExit(
+            f"--nvme-dir {path} is {what}; remove it or pass --nvme-dir with a directory of "
+            "your own"
+        )
+
+
 def run_config(torch, deepspeed, accel, *, entry: dict, args, rank: int) -> dict:
     """Train one configuration with a fresh engine; every rank returns its own summary."""
     stage, offload = entry["zero_stage"], entry["offload"]
     nvme_dir = os.path.join(args.nvme_dir, entry["name"].replace("+", "-"))
     if offload == "nvme":
+        private_dir(args.nvme_dir)
         os.makedirs(nvme_dir, exist_ok=True)
     if entry.get("config"):
         config = with_nvme_dir(entry["config"], nvme_dir)
