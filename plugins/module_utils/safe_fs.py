@@ -110,8 +110,8 @@ def walk(
     make_mode: int | None = None,
     check_mode: bool = False,
 ) -> tuple[int | None, list[str]]:
-    """The directory `path` opened from `/` without following links, each of its parents
-    checked (check_dir); the directory itself is the caller's to check.
+    """The directory `path` opened from `/` without following links, it and each of its
+    parents checked (check_dir) against `trusted`.
 
     Missing components are made root's at `make_mode` (None: refused). Returns the open
     descriptor (None in check mode where a component would be made: nothing below it exists)
@@ -148,6 +148,7 @@ def walk(
                     os.fchmod(nxt, make_mode)
             os.close(fd)
             fd = nxt
+        check_dir(fd, here or "/", trusted)
         return fd, made
     except BaseException:
         os.close(fd)
@@ -200,14 +201,6 @@ def open_file(dir_fd: int, name: str, path: str, owners: frozenset[int]) -> int 
             f"{path} {problem}; root does not read or write through it: remove it and run again"
         )
     return fd
-
-
-def read_file(dir_fd: int, name: str, path: str, owners: frozenset[int]) -> bytes | None:
-    fd = open_file(dir_fd, name, path, owners)
-    if fd is None:
-        return None
-    with os.fdopen(fd, "rb") as handle:
-        return handle.read()
 
 
 def write_file(dir_fd: int, name: str, data: bytes, uid: int, gid: int, mode: int) -> None:

@@ -12,10 +12,12 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+# A clone's own first (its ansible.cfg names plugins/module_utils), so that an installed
+# collection of another version in ~/.ansible never lends a clone's module its helpers.
 try:
+    from ansible.module_utils import safe_fs  # type: ignore[attr-defined]
+except ImportError:
     from ansible_collections.dscluster.cluster.plugins.module_utils import safe_fs
-except ImportError:  # a clone's roles run by plain ansible-playbook: ansible.cfg's module_utils
-    from ansible.module_utils import safe_fs  # type: ignore[no-redef]
 
 DOCUMENTATION = r"""
 module: cluster_dirs
@@ -73,7 +75,6 @@ def ensure(spec: dict, parents_mode: int, check: bool) -> tuple[list[str], bool]
     if parent is None:
         return [*made, path], True
     try:
-        safe_fs.check_dir(parent, parent_path, frozenset({0}))
         fd, leaf_made, changed = safe_fs.ensure_dir(
             parent, os.path.basename(path), path, uid, gid, mode, check
         )

@@ -12,10 +12,12 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+# A clone's own first (its ansible.cfg names plugins/module_utils), so that an installed
+# collection of another version in ~/.ansible never lends a clone's module its helpers.
 try:
+    from ansible.module_utils import safe_fs  # type: ignore[attr-defined]
+except ImportError:
     from ansible_collections.dscluster.cluster.plugins.module_utils import safe_fs
-except ImportError:  # a clone's roles run by plain ansible-playbook: ansible.cfg's module_utils
-    from ansible.module_utils import safe_fs  # type: ignore[no-redef]
 
 DOCUMENTATION = r"""
 module: cluster_ssh_files
@@ -107,14 +109,8 @@ class Run:
         parent = os.path.dirname(path)
         if parent in self.pending:
             return None
-        trusted = frozenset({0, uid})
-        fd, _ = safe_fs.walk(parent, trusted)
+        fd, _ = safe_fs.walk(parent, frozenset({0, uid}))
         assert fd is not None
-        try:
-            safe_fs.check_dir(fd, parent, trusted)
-        except BaseException:
-            os.close(fd)
-            raise
         return fd
 
     def directory(self, spec: dict) -> None:
@@ -148,20 +144,25 @@ class Run:
             self._wrote(path, b"", after_of(b""), show)
             return
         name = os.path.basename(path)
+        # One descriptor for the read and the attributes: a second open by name could find
+        # another file (a hard link the training user swapped in) and chown that.
+        fd = None
         try:
-            before = safe_fs.read_file(parent, name, path, frozenset({0, uid}))
+            fd = safe_fs.open_file(parent, name, path, frozenset({0, uid}))
+            before = None
+            if fd is not None:
+                with os.fdopen(os.dup(fd), "rb") as handle:
+                    before = handle.read()
             after = after_of(before or b"")
             if before != after:
                 self._wrote(path, before or b"", after, show)
                 if not self.check:
                     safe_fs.write_file(parent, name, after, uid, gid, mode)
-            else:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=parent)
-                try:
-                    self.changed = safe_fs.attrs(fd, uid, gid, mode, self.check) or self.changed
-                finally:
-                    os.close(fd)
+            elif fd is not None:
+                self.changed = safe_fs.attrs(fd, uid, gid, mode, self.check) or self.changed
         finally:
+            if fd is not None:
+                os.close(fd)
             os.close(parent)
 
     def _wrote(self, path: str, before: bytes, after: bytes, show: bool) -> None:
