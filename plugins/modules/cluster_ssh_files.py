@@ -47,8 +47,10 @@ options:
     type: str
   line:
     description:
-      - Add I(line) (path, line, match, owner, group, mode) to a file where no line holds
-        I(match); other lines are kept as they are. The file is made where it is missing.
+      - Make I(line) (path, line, match, owner, group, mode) the one line of a file that holds
+        I(match) (a word, or words, of the line): the first line holding it is replaced, any
+        other line holding it removed, and the line appended where none holds it. Other lines
+        are kept as they are. The file is made where it is missing.
     type: dict
 author: dscluster
 """
@@ -67,7 +69,7 @@ EXAMPLES = r"""
         mode: "0644"
     line:
       path: /home/ds/.ssh/authorized_keys
-      line: "ssh-ed25519 AAAA... dscluster"
+      line: 'from="10.0.0.1,10.0.0.2" ssh-ed25519 AAAA... dscluster'
       match: "ssh-ed25519 AAAA..."
       owner: ds
       group: "2000"
@@ -184,15 +186,24 @@ class Run:
 
     def line(self, spec: dict) -> None:
         _need(spec, "path", "line", "match")
+        wanted = spec["line"].rstrip("\n")
+        match = f" {spec['match']} "
 
-        def added(before: bytes) -> bytes:
-            text = before.decode()
-            if any(spec["match"] in existing for existing in text.splitlines()):
+        def placed(before: bytes) -> bytes:
+            lines = before.decode().splitlines()
+            holding = [i for i, existing in enumerate(lines) if match in f" {existing} "]
+            if [lines[i] for i in holding] == [wanted]:
                 return before
-            after = text + ("" if text == "" or text.endswith("\n") else "\n")
-            return (after + spec["line"].rstrip("\n") + "\n").encode()
+            # The first line holding the match becomes the line (its options may have
+            # changed: from= when the cluster's addresses do); the others holding it go.
+            if holding:
+                lines[holding[0]] = wanted
+                lines = [x for i, x in enumerate(lines) if i not in holding[1:]]
+            else:
+                lines.append(wanted)
+            return ("\n".join(lines) + "\n").encode()
 
-        self._update(spec, added, show=True)
+        self._update(spec, placed, show=True)
 
 
 def main() -> None:

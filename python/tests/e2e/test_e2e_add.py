@@ -31,7 +31,8 @@ WORKER = f"{NAME}-n{NODES}"
 OLD = [f"{NAME}-n{i}" for i in range(1, NODES)]
 MARKER = "/tmp/dscluster-add-marker"
 # What provision --add may write on a node that was there before: the cluster-wide files.
-CLUSTER_FILES = {"/etc/hosts", "/etc/ssh/ssh_known_hosts"}
+# authorized_keys: the cluster key's from= lists every node's address.
+CLUSTER_FILES = {"/etc/hosts", "/etc/ssh/ssh_known_hosts", "/home/ds/.ssh/authorized_keys"}
 # Not part of a node's configuration: logs, caches, runtime and temporary files.
 PRUNE = (
     "/proc",
@@ -132,6 +133,9 @@ def assert_known_everywhere(cluster: pathlib.Path) -> None:
         lines = known_lines(host, WORKER)
         assert len(lines) == 1 and lines[0].endswith(" " + key), (host, lines, key)
         assert re.search(rf"(?m)^{re.escape(ip)} {re.escape(WORKER)}\b", hosts_block(host)), host
+        # the cluster key is let in from the new node's address (from=), or its logins fail
+        allowed = sh(host, 'grep -o \'^from="[^"]*"\' /home/ds/.ssh/authorized_keys')
+        assert ip in allowed.strip().removeprefix('from="').rstrip('"').split(","), (host, allowed)
 
 
 def test_grow_by_a_node_touches_only_the_cluster_files_of_the_others(cluster: pathlib.Path):

@@ -230,3 +230,57 @@ def test_a_replaced_wheel_with_its_lock_edited_to_match_is_copied_again(
         f"{wheelhouse}/requirements.lock:0",
     ]
     assert on(HEAD, installed).stdout == venv_before
+
+
+def test_a_copied_cluster_key_logs_in_only_from_the_cluster(
+    provisioned: pathlib.Path, tmp_path: pathlib.Path
+):
+    """Any job can read the training user's cluster key. authorized_keys lets that key in only
+    from the cluster's own addresses (from=), so a copy carried off a node, an image or a
+    snapshot logs in nowhere: from the controller's side of the network it is refused, while
+    the same key still logs in from node to node."""
+    key = tmp_path / "stolen_ed25519"
+    key.write_text(on(HEAD, "cat ~/.ssh/id_ed25519", user="ds").stdout)
+    key.chmod(0o600)
+    assert "PRIVATE KEY" in key.read_text()
+    address = docker(
+        "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}", f"dsc-{N2}"
+    ).split()[0]
+    line = on(N2, "grep -F \"$(cut -d' ' -f1,2 ~ds/.ssh/id_ed25519.pub)\" ~ds/.ssh/authorized_keys")
+    assert line.stdout.startswith('from="127.0.0.0/8,::1,') and address in line.stdout, line.stdout
+    argv = [
+        "ssh", "-i", str(key), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+        "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+        "-o", "ConnectTimeout=10", "-F", "/dev/null", f"ds@{address}", "hostname",
+    ]  # fmt: skip
+    stolen = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert stolen.returncode == 255 and "Permission denied" in stolen.stderr, stolen.stderr
+    inside = on(HEAD, f"ssh -o BatchMode=yes {N2} hostname", user="ds")
+    assert inside.returncode == 0 and inside.stdout.strip() == N2, inside.stderr
+
+
+def test_a_predictable_temp_dir_made_first_by_another_user_is_refused(
+    provisioned: pathlib.Path,
+):
+    """smoke_job's default --nvme-dir is /tmp/dscluster-nvme-<uid>, a name any local user can
+    make first (here `nobody`, mode 0777, on one node) to read or swap what DeepSpeed pages out.
+    The rank refuses to use it, the launch ends in one line naming that node and the path, and
+    nothing is written into the planted directory."""
+    planted = "/tmp/dscluster-nvme-$(id -u ds)"
+    plant = f'rm -rf {planted} && su -s /bin/sh nobody -c "mkdir -m 0777 {planted}"'
+    made = on(N2, f"{plant} && echo {planted}")
+    assert made.returncode == 0, made.stderr
+    path = made.stdout.strip()
+    job = pathlib.Path(__file__).resolve().parents[2] / "src/dscluster/jobs/smoke_job.py"
+    try:
+        proc = dsc(
+            "launch", "-i", str(provisioned), "--launcher", "deepspeed", "--no-doctor",
+            "--master-port", "29523", "--timeout", "180", "--", str(job),
+            "--zero", "3", "--offload", "nvme", "--steps", "2", "--report", "r.json", timeout=400,
+        )  # fmt: skip
+        assert proc.returncode != 0
+        line = error_line(proc)
+        assert f"first error on {N2}: --nvme-dir {path} is not a directory of this user's" in line
+        assert on(N2, f"stat -c '%U %a' {path} && ls -A {path}").stdout.split() == ["nobody", "777"]
+    finally:
+        on(N2, f"rm -rf {path}")

@@ -143,7 +143,10 @@ def test_cluster_from_the_baked_image_provisions_without_reinstalling(cluster: p
     assert len(keys) == 3 and len(ids) == 3 and "" not in ids
     cluster_key = sh(nodes[0], "cat /home/ds/.ssh/id_ed25519.pub")
     assert cluster_key != sh(f"dsc-{SOURCE}", "cat /home/ds/.ssh/id_ed25519.pub")
-    assert sh(nodes[1], "cat /home/ds/.ssh/authorized_keys").splitlines() == [cluster_key]
+    # one line, the new key, let in only from the new cluster's addresses
+    authorized = sh(nodes[1], "cat /home/ds/.ssh/authorized_keys").splitlines()
+    assert len(authorized) == 1 and authorized[0].startswith('from="127.0.0.0/8,::1,')
+    assert authorized[0].endswith(f'" {cluster_key.strip()}'), authorized
     smoke = dsc("smoke", "-i", str(inv), timeout=900)
     assert smoke.returncode == 0, smoke.stdout[-3000:] + smoke.stderr[-3000:]
 

@@ -20,7 +20,7 @@ SECRET = (
 PUBLIC = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIcluster dscluster\n"
 
 
-def run(tmp_path: pathlib.Path) -> tuple[int, dict | None, str]:
+def run(tmp_path: pathlib.Path, **more: str) -> tuple[int, dict | None, str]:
     env = {
         **os.environ,
         "ANSIBLE_LIBRARY": str(rolefiles.REPO / "plugins" / "modules"),
@@ -33,6 +33,7 @@ def run(tmp_path: pathlib.Path) -> tuple[int, dict | None, str]:
         "key_id": " ".join(PUBLIC.split()[:2]),
         "known_hosts": "n1 ssh-ed25519 AAAAn1\nn2 ssh-ed25519 AAAAn2\n",
         "ansible_python_interpreter": sys.executable,
+        **more,
     }
     return rolefiles.run_local_play(PLAYBOOK, extravars, "RESULT", env=env)
 
@@ -81,6 +82,29 @@ def test_writes_what_differs_once_keeps_other_keys_and_never_prints_the_secret(t
     assert checked["changed"] is True and checked["written"] == [str(known_hosts)]
     assert checked["diff"][0]["after"] == "other"
     assert known_hosts.read_text() == "n1 ssh-ed25519 AAAAn1\nn2 ssh-ed25519 AAAAn2\n"
+
+
+def test_the_key_line_is_replaced_in_place_when_its_from_addresses_change(tmp_path):
+    """A cluster whose addresses changed (a node added, an image started elsewhere): the one
+    line holding the key gets the new from=, a second copy goes, other lines stay in order."""
+    ssh = tmp_path / ".ssh"
+    ssh.mkdir(mode=0o700)
+    key = " ".join(PUBLIC.split()[:2])
+    (ssh / "authorized_keys").write_text(
+        "ssh-rsa AAAAB3other someone@laptop\n"
+        f"{PUBLIC}"
+        "# kept\n"
+        f'from="10.9.9.9",no-pty {key} old copy\n'
+    )
+    (ssh / "authorized_keys").chmod(0o600)
+    line = f'from="127.0.0.0/8,::1,10.0.0.1,10.0.0.2" {PUBLIC.strip()}'
+    rc, result, out = run(tmp_path, authorized_line=line)
+    assert rc == 0 and result is not None, out[-3000:]
+    assert (ssh / "authorized_keys").read_text() == (
+        f"ssh-rsa AAAAB3other someone@laptop\n{line}\n# kept\n"
+    )
+    assert str(ssh / "authorized_keys") in result["first"]["written"]
+    assert result["second"]["changed"] is False, result["second"]
 
 
 CASES = pathlib.Path(__file__).parent / "playbooks" / "cluster_ssh_files_cases.yml"

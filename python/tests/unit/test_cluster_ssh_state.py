@@ -36,18 +36,31 @@ def test_describe_gives_what_copy_compares(tmp_path):
     assert ssh_state.describe(str(tmp_path / "missing")) is None
 
 
-def test_authorized_lists_keys_without_options_only(tmp_path):
+def test_authorized_lists_every_key_line_with_its_key_past_the_options(tmp_path):
     f = tmp_path / "authorized_keys"
     f.write_text(
-        "# a comment\n"
+        "# a comment ssh-rsa AAAAnot\n"
         f"{KEY}\n"
-        'from="10.0.0.1" ssh-rsa AAAAB3Nza other@host\n'
-        "ecdsa-sha2-nistp256 AAAAE2Vj\n"
+        'from="10.0.0.1,10.0.0.2" ssh-rsa AAAAB3Nza other@host\n'
+        'command="echo ssh-dss AAAAfake",no-pty  ecdsa-sha2-nistp256 AAAAE2Vj\n'
+        'environment="A=b\\" ssh-rsa AAAAin" sk-ssh-ed25519@openssh.com AAAAsk\n'
+        "not a key line\n"
         "\n"
     )
     assert ssh_state.authorized(str(f)) == [
-        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBq0",
-        "ecdsa-sha2-nistp256 AAAAE2Vj",
+        {"key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBq0", "line": KEY},
+        {
+            "key": "ssh-rsa AAAAB3Nza",
+            "line": 'from="10.0.0.1,10.0.0.2" ssh-rsa AAAAB3Nza other@host',
+        },
+        {
+            "key": "ecdsa-sha2-nistp256 AAAAE2Vj",
+            "line": 'command="echo ssh-dss AAAAfake",no-pty  ecdsa-sha2-nistp256 AAAAE2Vj',
+        },
+        {
+            "key": "sk-ssh-ed25519@openssh.com AAAAsk",
+            "line": 'environment="A=b\\" ssh-rsa AAAAin" sk-ssh-ed25519@openssh.com AAAAsk',
+        },
     ]
     assert ssh_state.authorized(str(tmp_path / "none")) == []
 
@@ -71,7 +84,7 @@ def test_main_reads_the_account_host_key_and_key_files(tmp_path, monkeypatch):
     assert (
         state["files"]["authorized_keys"]["sha1"] == hashlib.sha1((KEY + "\n").encode()).hexdigest()
     )
-    assert state["authorized"] == ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBq0"]
+    assert state["authorized"] == [{"key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBq0", "line": KEY}]
     assert state["known_hosts"] is None
 
 

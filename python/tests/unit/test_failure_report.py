@@ -422,3 +422,28 @@ def test_watch_says_a_rank_failed_and_still_ends_the_hung_launcher(tmp_path):
     assert "dscluster: ending the launcher 1 s after a rank failed on n3" in proc.stdout
     failure = script_failure(proc.stdout.splitlines(), HOSTS)
     assert failure is not None and failure.ranks == [2]
+
+
+def test_the_first_failed_node_s_own_message_beats_the_others_tracebacks():
+    """A real log: one rank exits with a one-line sys.exit message (no traceback); the others
+    then fail in a collective, with tracebacks, and their exits are logged first. The watcher's
+    line says which node failed first: its message is the error shown, not rank 0's gloo error."""
+    log = pathlib.Path(__file__).parent / "fixtures" / "launch" / "deepspeed_planted_nvme_dir.log"
+    hosts = ["local-n1", "local-n2", "local-n3"]
+    failure = script_failure(log.read_text().splitlines(), hosts)
+    assert failure is not None
+    assert failure.why.startswith("local-n2: ")
+    assert failure.error_from == "on local-n2"
+    assert failure.error_lines == [
+        "--nvme-dir /tmp/dscluster-nvme-2000 is not a directory of this user's (uid 65534); "
+        "remove it or pass --nvme-dir with a directory of your own"
+    ]
+    assert sorted(failure.hosts) == hosts
+
+
+def test_a_first_node_whose_last_line_ends_a_traceback_keeps_the_traceback():
+    lines = [*ds_rank("n2", 201), *ds_rank("n1", 101)]
+    lines.insert(0, "dscluster: a rank failed on n2 (a rank exited with code 1); the job ends")
+    failure = script_failure(lines, HOSTS[:2])
+    assert failure is not None and failure.error_from == "of rank 1 (n2)"
+    assert failure.error_lines[-1] == ERR

@@ -8,7 +8,7 @@ with {"user", "host_key", "known_hosts"}; prints one JSON object:
   ssh_dir        {uid, gid, mode, isdir} of ~user/.ssh, or null
   files          {name: {sha1, uid, gid, mode} or null} for id_ed25519, id_ed25519.pub and
                  authorized_keys under ~user/.ssh
-  authorized     the "type base64" of every authorized_keys line without options
+  authorized     every key line of authorized_keys: {key: "type base64", line: the line}
   known_hosts    {sha1, uid, gid, mode} of the known_hosts file, or null
 
 The role skips a write whose file already reads as that write would leave it; anything else
@@ -58,12 +58,36 @@ def authorized(path):
             return keys
         with open(path, encoding="utf-8", errors="replace", opener=no_follow) as fh:
             for line in fh:
-                fields = line.split()
-                if len(fields) >= 2 and fields[0].startswith(KEY_TYPES):
-                    keys.append(f"{fields[0]} {fields[1]}")
+                key = key_of(line)
+                if key:
+                    keys.append({"key": key, "line": line.strip()})
     except OSError:
         pass
     return keys
+
+
+def key_of(line):
+    """The "type base64" of a key line, after its options (from="a,b",no-pty ...) as sshd
+    skips them (to the first blank outside quotes); None for a comment or anything else."""
+    text = line.strip()
+    if not text or text.startswith("#"):
+        return None
+    if not text.startswith(KEY_TYPES):
+        quoted, i = False, 0
+        while i < len(text):
+            if text[i] == "\\" and quoted:
+                i += 2
+                continue
+            if text[i] == '"':
+                quoted = not quoted
+            elif text[i] in " \t" and not quoted:
+                break
+            i += 1
+        text = text[i:]
+    fields = text.split()
+    if len(fields) >= 2 and fields[0].startswith(KEY_TYPES):
+        return f"{fields[0]} {fields[1]}"
+    return None
 
 
 def main(request):

@@ -37,6 +37,14 @@ TRACEBACK = "Traceback (most recent call last):"
 # launch_watch.py's own lines: a node lost; the launcher ended by it (what follows is its kill).
 WATCH_LOST = "dscluster: lost node "
 WATCH_ENDED = "dscluster: ending the launcher "
+# launch_watch.py's line for the first rank it saw fail by itself (its node's lines may come
+# later in the log than the others' kills).
+WATCH_FAILED_RE = re.compile(r"^dscluster: a rank failed on (?P<host>\S+) ")
+# A launcher's own log line (DeepSpeed's "[2026-12-03 16:51:19,953] [INFO] [launch.py:253:..."),
+# pdsh's, and a warning's source line: none is a script's last word.
+NOT_A_MESSAGE_RE = re.compile(
+    r"^(?:\[\d{4}-\d\d-\d\d [\d:,.]+\] \[[A-Z]+\]|pdsh@|\S+: \S*Warning: |\s|$)"
+)
 # Frames of a launcher's own traceback (torchrun's agent, DeepSpeed's runner), not the script's.
 LAUNCHER_FRAME_RE = re.compile(
     r'File ".*(?:/bin/torchrun|/torch/distributed/run\.py|/deepspeed/launcher/)'
@@ -193,6 +201,15 @@ def last_error(lines: Sequence[str]) -> list[str]:
     return []
 
 
+def last_message(lines: Sequence[str]) -> str:
+    """The last line a program printed by itself (no launcher log line, warning, indent or
+    blank), as sys.exit("...") leaves it; "" where there is none or a traceback ends it."""
+    for text in reversed(lines):
+        if not NOT_A_MESSAGE_RE.match(text):
+            return "" if text.startswith(TRACEBACK) else text.rstrip()
+    return ""
+
+
 def _failed_ranks(
     log_lines: Sequence[str], rank_hosts: Sequence[str], exited: dict[str, str]
 ) -> list[int]:
@@ -210,11 +227,10 @@ def _failed_ranks(
     return sorted(exact)
 
 
-def _error_of(
-    log_lines: Sequence[str], rank_hosts: Sequence[str], ranks: Sequence[int]
-) -> tuple[str, list[str]]:
-    """The first of `ranks` with a traceback, by the most exact attribution the log has:
-    a rank tag, then its node's lines, then the whole (untagged) log."""
+def _by_source(
+    log_lines: Sequence[str], rank_hosts: Sequence[str]
+) -> tuple[dict[int, list[str]], dict[str, list[str]], list[str]]:
+    """The log's lines by global rank (where tagged), by node, and those tagged with neither."""
     hosts = set(rank_hosts)
     first_rank = {h: rank_hosts.index(h) for h in hosts}
     by_rank: dict[int, list[str]] = {}
@@ -230,6 +246,16 @@ def _error_of(
             by_host.setdefault(host, []).append(text)
         elif rank is None:
             untagged.append(text)
+    return by_rank, by_host, untagged
+
+
+def _traceback_of(
+    ranks: Sequence[int],
+    rank_hosts: Sequence[str],
+    by_rank: dict[int, list[str]],
+    by_host: dict[str, list[str]],
+) -> tuple[str, list[str]] | None:
+    """The first of `ranks` with a traceback: by its rank tag, then by its node's lines."""
     for rank in ranks:
         if lines := last_error(by_rank.get(rank, [])):
             return f"of rank {rank} ({rank_hosts[rank]})", lines
@@ -237,6 +263,27 @@ def _error_of(
         if lines := last_error(by_host.get(host, [])):
             only = [r for r, h in enumerate(rank_hosts) if h == host]
             return (f"of rank {only[0]} ({host})" if len(only) == 1 else f"on {host}"), lines
+    return None
+
+
+def _error_of(
+    log_lines: Sequence[str], rank_hosts: Sequence[str], ranks: Sequence[int]
+) -> tuple[str, list[str]]:
+    """The error of the first of `ranks` (the first node to fail comes first): its traceback,
+    by the most exact attribution the log has, or its own last line where it left none; then
+    the others' tracebacks; then the whole (untagged) log's."""
+    by_rank, by_host, untagged = _by_source(log_lines, rank_hosts)
+    if ranks:
+        first = rank_hosts[ranks[0]]
+        own = [r for r in ranks if rank_hosts[r] == first]
+        if found := _traceback_of(own, rank_hosts, by_rank, by_host):
+            return found
+        if message := last_message(by_host.get(first, [])):
+            # The first node to fail ended without a traceback (sys.exit("...") or a shell
+            # script's error): its last line says why, not the others' broken collectives.
+            return f"on {first}", [message]
+    if found := _traceback_of(ranks, rank_hosts, by_rank, by_host):
+        return found
     lines = last_error(untagged)
     return ("in the log", lines) if lines else ("", [])
 
@@ -259,7 +306,8 @@ def script_failure(
     hosts = list(dict.fromkeys([*(rank_hosts[r] for r in ranks), *exited]))
     # The node whose failure the log shows first is the likeliest cause: the others' ranks
     # may have failed only because its ranks left (a collective's peer gone).
-    first = next(iter(exited))
+    watched = next((m["host"] for t in log_lines if (m := WATCH_FAILED_RE.match(t))), None)
+    first = watched if watched in exited else next(iter(exited))
     order = sorted(ranks, key=lambda r: (rank_hosts[r] != first, r))
     error_from, lines = _error_of(log_lines, rank_hosts, order)
     return ScriptFailure(ranks, hosts, f"{first}: {exited[first]}", error_from, lines)

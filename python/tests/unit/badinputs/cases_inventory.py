@@ -164,6 +164,14 @@ _BAD: list[tuple[str, Callable[[pathlib.Path], None], str, str]] = [
      "environment variable names"),
     ("secret-env-nested", inventory({"dscluster_secret_env": {"A": {"B": 1}}}),
      "dscluster_secret_env", "single values"),
+    # cluster_ssh_key_from_extra: from= sources; a comma or quote would widen the option.
+    ("key-from-comma-item", inventory({"cluster_ssh_key_from_extra": ["10.0.0.1,*"]}),
+     "item '10.0.0.1,*' is not an address, a CIDR or an sshd pattern",
+     'cluster_ssh_key_from_extra: ["10.0.0.0/16"'),
+    ("key-from-quote-item", inventory({"cluster_ssh_key_from_extra": ['10.0.0.1" ']}),
+     "is not an address, a CIDR or an sshd pattern", "no commas, quotes or spaces"),
+    ("key-from-string", inventory({"cluster_ssh_key_from_extra": "10.0.0.0/16"}),
+     "'10.0.0.0/16' (a string)", 'cluster_ssh_key_from_extra: ["10.0.0.0/16"'),
     # base_extra_packages: a list of Debian package names.
     ("extra-packages-string", inventory({"base_extra_packages": "htop vim"}),
      "'htop vim' (a string)", "base_extra_packages: [htop, nvtop]"),
