@@ -201,21 +201,32 @@ def env_switch(name: str, default: bool, fix: str) -> bool:
     return value == "1"
 
 
-# The collection's callbacks that read a 0/1 switch in ansible-playbook (on unless 0), where a
-# bad value cannot be refused: dscluster refuses it first. Switch -> what 0 does.
+# The collection's callbacks that patch private ansible-core 2.19 internals: off unless their
+# switch is 1 (an opt-in, as DSCLUSTER_MITOGEN), never enabled by ansible.cfg. A bad value
+# cannot be refused inside ansible-playbook: dscluster refuses it first.
+# Switch -> (the callback it enables, what 1 does).
 CALLBACK_SWITCHES = {
-    "DSCLUSTER_JINJA_CACHE": "compile templates in every worker",
-    "DSCLUSTER_FACTS_MEMO": "decode cached facts for every task",
+    "DSCLUSTER_JINJA_CACHE": ("jinja_cache", "share compiled templates between the workers"),
+    "DSCLUSTER_FACTS_MEMO": ("facts_memo", "decode cached facts once per change"),
 }
+# ansible.cfg's callbacks_enabled (a test holds them equal): ANSIBLE_CALLBACKS_ENABLED, set
+# when a switch is on, replaces it.
+CALLBACKS_ENABLED = "ansible.posix.profile_tasks"
 
 
 def callback_switches() -> dict[str, str]:
     """Each callback switch as the playbook run gets it ("1" or "0"); a bad value is refused,
-    naming it and what 0 does."""
+    naming it and what 1 does."""
     return {
-        name: "1" if env_switch(name, True, f"set {name}=0 to {off}, or unset it") else "0"
-        for name, off in CALLBACK_SWITCHES.items()
+        name: "1" if env_switch(name, False, f"set {name}=1 to {on}, or unset it") else "0"
+        for name, (_, on) in CALLBACK_SWITCHES.items()
     }
+
+
+def callbacks_enabled(switches: dict[str, str]) -> str | None:
+    """ANSIBLE_CALLBACKS_ENABLED with the opted-in callbacks; None where none is."""
+    opted = [CALLBACK_SWITCHES[name][0] for name, on in switches.items() if on == "1"]
+    return ",".join([CALLBACKS_ENABLED, *opted]) if opted else None
 
 
 def mitogen_strategy_dir() -> pathlib.Path | None:
@@ -249,6 +260,7 @@ def ansible_env() -> dict[str, str]:
     cache = cache_dir()
     user_collections = os.environ.get("ANSIBLE_COLLECTIONS_PATH", "")
     config = root / "ansible.cfg"
+    switches = callback_switches()
     env = {
         "ANSIBLE_COLLECTIONS_PATH": os.pathsep.join(
             p for p in (str(paths.collections_path()), user_collections) if p
@@ -269,8 +281,8 @@ def ansible_env() -> dict[str, str]:
         "PATH": str(pathlib.Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
         "ANSIBLE_FORCE_COLOR": "0",
         # ansible-runner sets this variable (adding its own), so ansible.cfg's is not read:
-        # the collection's callbacks (jinja_cache, facts_memo: enabled in ansible.cfg) are
-        # named here
+        # the collection's callbacks (jinja_cache, facts_memo: opted in by their switches)
+        # are found here
         "ANSIBLE_CALLBACK_PLUGINS": str(root / "plugins" / "callback"),
         # the collection's modules (cluster_ssh_files) by the short names its roles use, as
         # ansible.cfg's `library`; a user's own module path after them
@@ -279,8 +291,10 @@ def ansible_env() -> dict[str, str]:
             for p in (str(root / "plugins" / "modules"), os.environ.get("ANSIBLE_LIBRARY", ""))
             if p
         ),
-        **callback_switches(),
+        **switches,
     }
+    if enabled := callbacks_enabled(switches):
+        env["ANSIBLE_CALLBACKS_ENABLED"] = enabled
     if config.is_file():
         env["ANSIBLE_CONFIG"] = str(config)
     strategies = mitogen_strategy_dir()

@@ -101,6 +101,20 @@ def test_mitogen_is_an_option_read_from_the_environment(monkeypatch):
         runner.mitogen_strategy_dir()
 
 
+def test_ansible_cfg_enables_no_callback_of_the_collection():
+    """ansible.cfg's callbacks_enabled is the runner's base list, with no private-API patch."""
+    import configparser  # noqa: PLC0415
+
+    from dscluster import paths, runner  # noqa: PLC0415
+
+    cfg = configparser.ConfigParser()
+    cfg.read(paths.collection_root() / "ansible.cfg")
+    enabled = [c.strip() for c in cfg["defaults"]["callbacks_enabled"].split(",")]
+    assert enabled == runner.CALLBACKS_ENABLED.split(",")
+    plugins = {p.stem for p in (paths.collection_root() / "plugins" / "callback").glob("*.py")}
+    assert plugins >= {"jinja_cache", "facts_memo"} and not plugins & set(enabled)
+
+
 @pytest.mark.parametrize(
     ("name", "plugin", "bad"),
     [
@@ -108,19 +122,26 @@ def test_mitogen_is_an_option_read_from_the_environment(monkeypatch):
         ("DSCLUSTER_FACTS_MEMO", "facts_memo.py", "no"),
     ],
 )
-def test_a_callback_switch_is_on_unless_0_and_a_bad_value_is_refused(
+def test_a_callback_switch_is_off_unless_1_and_a_bad_value_is_refused(
     monkeypatch, name: str, plugin: str, bad: str
 ):
+    """The private-API callbacks are opt-in: unset or 0, none is enabled (ansible.cfg enables
+    none); 1 enables that one on top of ansible.cfg's own list."""
     from dscluster import runner  # noqa: PLC0415
 
-    monkeypatch.delenv(name, raising=False)
+    for other in runner.CALLBACK_SWITCHES:
+        monkeypatch.delenv(other, raising=False)
+    assert runner.callback_switches()[name] == "0"
+    env = runner.ansible_env()
+    assert env[name] == "0" and "ANSIBLE_CALLBACKS_ENABLED" not in env
+    monkeypatch.setenv(name, "1")
     assert runner.callback_switches()[name] == "1"
     env = runner.ansible_env()
     assert env[name] == "1"
+    assert env["ANSIBLE_CALLBACKS_ENABLED"] == (
+        f"ansible.posix.profile_tasks,{plugin.removesuffix('.py')}"
+    )
     assert (pathlib.Path(env["ANSIBLE_CALLBACK_PLUGINS"]) / plugin).is_file()
-    monkeypatch.setenv(name, "0")
-    assert runner.callback_switches()[name] == "0"
-    assert runner.ansible_env()[name] == "0"
     monkeypatch.setenv(name, bad)
     with pytest.raises(DsclusterError, match=f"{name}='{bad}' is neither 1 nor 0"):
         runner.ansible_env()

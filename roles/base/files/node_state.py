@@ -18,7 +18,8 @@ anything changes, verify.yml after); prints one JSON object with only the parts 
   own_name      {rc, stdout} of `getent hosts <hostname>`
   chrony        `systemctl is-active chrony` (its first line)
   shared_dir    {exists, isdir} of the shared directory
-  ansiballz     for the request {cache_dir, names}: site_dir (where this python3 reads .pth
+  ansiballz     the bytecode hook an older dscluster installed, for the request
+                {cache_dir, names}: site_dir (where this python3 reads .pth
                 files), stats {name: file_stat} of the names in it, cache (the cache
                 directory's file_stat) and entries (how many it holds; null without it)
 """
