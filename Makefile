@@ -97,6 +97,10 @@ lint: venv ## ruff, mypy, yamllint, ansible-lint (production), argument_specs vs
 	$(BIN)/ansible-lint
 	$(BIN)/python scripts/check_argument_specs.py
 
+.PHONY: docs
+docs: venv ## Regenerate docs/roles/, the roles reference, from meta/argument_specs.yml (ansible-doc)
+	$(BIN)/python scripts/roles_doc.py
+
 .PHONY: unit
 unit: venv ## Python unit tests (no Docker)
 	$(NICE) bash scripts/pytest.sh -m "not docker" --durations=15
