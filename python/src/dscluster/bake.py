@@ -105,7 +105,8 @@ def _kind(inv: Inventory, host: str) -> str:
 def check(inv: Inventory, *, node: str | None, name: str | None) -> Bake:
     """Every refusal that needs no Docker or AWS call: the host, that it is provisioned and
     not left out as degraded, the image name."""
-    from .hostfile import read_degraded, read_facts_file  # noqa: PLC0415
+    from .degraded import read_degraded  # noqa: PLC0415
+    from .node_facts import read_facts_file  # noqa: PLC0415
 
     host = pick_host(inv, node)
     kind = _kind(inv, host)

@@ -32,9 +32,10 @@ from typing import Any
 from rich.console import Console
 
 from . import storage
+from .degraded import read_degraded
 from .errors import DsclusterError
-from .hostfile import NodeFacts, load_facts, read_degraded
 from .inventory import Inventory
+from .node_facts import NodeFacts, load_facts
 from .paths import cache_dir
 from .util import atomic_write
 

@@ -17,6 +17,7 @@ import yaml
 from . import inventory_cache, rules
 from .errors import DsclusterError
 from .sources import names
+from .text import show_yaml
 from .util import atomic_write, run, tool
 from .validate import read_text
 
@@ -180,14 +181,14 @@ def _check_group(path: pathlib.Path, name: str, node: Any, depth: int = 0) -> No
         return
     if not isinstance(node, dict):
         raise DsclusterError(
-            f"in inventory {path}, group {name!r} is {rules.show(node)} ({rules.kind(node)}); "
+            f"in inventory {path}, group {name!r} is {show_yaml(node)} ({rules.kind(node)}); "
             f"a group must be a mapping with hosts:, children: or vars:, e.g. {example}"
         )
     for key in _GROUP_KEYS:
         value = node.get(key)
         if value is not None and not isinstance(value, dict):
             raise DsclusterError(
-                f"in inventory {path}, {name}.{key} is {rules.show(value)} "
+                f"in inventory {path}, {name}.{key} is {show_yaml(value)} "
                 f"({rules.kind(value)}); it must be a mapping (hosts: {{n1: {{}}}}, not a "
                 f"list), e.g. {example}"
             )
@@ -198,7 +199,7 @@ def _check_group(path: pathlib.Path, name: str, node: Any, depth: int = 0) -> No
             raise DsclusterError(f"{exc}; rename it in {path}") from None
         if hv is not None and not isinstance(hv, dict):
             raise DsclusterError(
-                f"in inventory {path}, host {host!r} of group {name!r} has {rules.show(hv)} "
+                f"in inventory {path}, host {host!r} of group {name!r} has {show_yaml(hv)} "
                 f"({rules.kind(hv)}) where its variables belong; write {host}: {{}} or "
                 f"{host}: {{ansible_host: 10.0.0.1}}"
             )
@@ -218,7 +219,7 @@ def _check_yaml_inventory(path: pathlib.Path) -> None:
         )
     if not isinstance(data, dict):
         raise DsclusterError(
-            f"inventory file {path} holds {rules.kind(data)} ({rules.show(data)}); it must be "
+            f"inventory file {path} holds {rules.kind(data)} ({show_yaml(data)}); it must be "
             "a mapping of groups, e.g. all: {children: {head: {hosts: {n1: {}}}}}"
         )
     for name, node in data.items():
@@ -237,7 +238,7 @@ def _check_var_files(directory: pathlib.Path) -> None:
             data = _parse_yaml(path, "variables file")
             if data is not None and not isinstance(data, dict):
                 raise DsclusterError(
-                    f"variables file {path} holds {rules.kind(data)} ({rules.show(data)}); it "
+                    f"variables file {path} holds {rules.kind(data)} ({show_yaml(data)}); it "
                     "must be a mapping of variables, e.g. dscluster_cpu_slots: 2"
                 )
 

@@ -380,14 +380,14 @@ def execute(
     err: Console,
 ) -> int:
     """Run the plan, then write the launch files and the degraded record; the exit code."""
-    from .hostfile import (  # noqa: PLC0415
+    from .degraded import (  # noqa: PLC0415
         check_degraded,
         read_degraded,
         update_degraded,
         utc_now,
         write_degraded,
-        write_launch_files,
     )
+    from .launch_files import write_launch_files  # noqa: PLC0415
     from .runner import raise_for_failures  # noqa: PLC0415
 
     hosts = inv.hosts

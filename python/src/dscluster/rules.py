@@ -24,6 +24,7 @@ import yaml
 
 from .errors import DsclusterError
 from .sources import names
+from .text import show_yaml
 
 if TYPE_CHECKING:
     from .inventory import Inventory
@@ -81,23 +82,10 @@ def kind(value: Any) -> str:
     return type(value).__name__
 
 
-def show(value: Any) -> str:
-    """A value as the user wrote it, roughly: strings quoted, YAML words for the rest."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return repr(value)
-    text = yaml.safe_dump(value, default_flow_style=True, width=1_000_000).strip()
-    text = text.removesuffix("...").strip()
-    return text if len(text) <= 200 else text[:197] + "..."
-
-
 def _shown(value: Any, rule: Mapping[str, Any]) -> str:
-    """show(value), or for a secret rule only its keys (a mapping) or its kind."""
+    """show_yaml(value), or for a secret rule only its keys (a mapping) or its kind."""
     if not rule.get("secret"):
-        return show(value)
+        return show_yaml(value)
     if isinstance(value, Mapping):
         return "{" + ", ".join(str(k) for k in value) + "} (values hidden)"
     return "hidden"
@@ -136,7 +124,7 @@ def _mapping_problem(rule: Mapping[str, Any], value: Mapping[Any, Any]) -> str |
     types = rule.get("value_types")
     for key, item in value.items():
         if not isinstance(key, str) or (key_re and not re.fullmatch(key_re, key)):
-            return f"key {show(key)} is not {rule.get('key_what', 'a valid key')}"
+            return f"key {show_yaml(key)} is not {rule.get('key_what', 'a valid key')}"
         if types is not None and not _scalar_ok(item, types):
             if item is None:
                 return f"{key} is null"
@@ -152,9 +140,9 @@ def _list_problem(rule: Mapping[str, Any], value: list[Any]) -> str | None:
     item_re = rule.get("item_pattern")
     for item in value:
         if not isinstance(item, str):
-            return f"item {show(item)} is {kind(item)}"
+            return f"item {show_yaml(item)} is {kind(item)}"
         if item_re and not re.fullmatch(item_re, item):
-            return f"item {show(item)} is not {rule.get('item_what', 'a valid item')}"
+            return f"item {show_yaml(item)} is not {rule.get('item_what', 'a valid item')}"
     return None
 
 
@@ -353,8 +341,8 @@ def cluster_wide_problems(inv: Inventory) -> list[str]:
         values = {
             h: inv.hostvars.get(h, {})[name] for h in every if name in inv.hostvars.get(h, {})
         }
-        if len({show(v) for v in values.values()}) > 1:
-            listed = ", ".join(f"{h}={show(v)}" for h, v in values.items())
+        if len({show_yaml(v) for v in values.values()}) > 1:
+            listed = ", ".join(f"{h}={show_yaml(v)}" for h, v in values.items())
             lines.append(
                 f"{name} differs between hosts ({listed}); it must be the same on every node: "
                 "set it once in group_vars/all"

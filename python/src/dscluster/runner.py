@@ -21,6 +21,7 @@ from . import paths
 from .errors import DsclusterError
 from .inventory import Inventory
 from .paths import cache_dir
+from .text import squeeze
 from .util import atomic_write
 
 
@@ -171,7 +172,7 @@ def _message(res: dict[str, Any]) -> str:
     msg = res.get("msg") or res.get("stderr") or res.get("reason") or ""
     if isinstance(msg, list):
         msg = " ".join(map(str, msg))
-    msg = " ".join(str(msg).split())
+    msg = squeeze(msg)
     # A loop's failure says only "One or more items failed": name the first failed item and
     # what it said, which is the cause the user needs.
     items = res.get("results")

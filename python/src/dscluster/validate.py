@@ -29,7 +29,11 @@ IMAGE_REF_RE = re.compile(
 
 MAX_PORT = 65535
 MAX_SLOTS = 1024  # per node: more than any machine has accelerators or sensible CPU ranks
-MAX_NODES = 16_384  # as hostfile.MAX_HOSTS: node lists, host lists, --nodes
+# The most nodes one inventory / hostfile / host list / Slurm node or count list may name
+# (checked before a list is expanded), and the most --nodes / --num-nodes / --count take.
+# A Slurm allocation of 10,000 nodes is a list dscluster expands (tests/unit/test_slurm.py);
+# 2(x99999999999) is not.
+MAX_NODES = 16_384
 MAX_SECONDS = 7 * 24 * 3600
 MAX_STEPS = 10_000_000
 
@@ -38,7 +42,7 @@ def _fail(message: str) -> argparse.ArgumentTypeError:
     return argparse.ArgumentTypeError(message)
 
 
-def _show(text: str, flag: str | None) -> str:
+def _arg(text: str, flag: str | None) -> str:
     """How a message names the value: `--nodes 0` (the flag as the user would retype it),
     quoted when it holds blanks or is empty; `'0'` without a flag."""
     plain = text if text and not any(c.isspace() or c in "'\"" for c in text) else repr(text)
@@ -48,7 +52,7 @@ def _show(text: str, flag: str | None) -> str:
 def _int(text: str, flag: str | None, what: str, example: str) -> int:
     raw = str(text).strip()
     if not re.fullmatch(r"[+-]?[0-9]+", raw) or not raw.isascii():
-        raise _fail(f"{_show(text, flag)} is not a whole number; give {what}, e.g. {example}")
+        raise _fail(f"{_arg(text, flag)} is not a whole number; give {what}, e.g. {example}")
     return int(raw)
 
 
@@ -59,7 +63,7 @@ def port_type_for(flag: str | None) -> Callable[[str], int]:
         value = _int(text, flag, f"a port from 1 to {MAX_PORT}", "29500")
         if not 1 <= value <= MAX_PORT:
             raise _fail(
-                f"{_show(text, flag)} is out of range; give a port from 1 to {MAX_PORT}, e.g. 29500"
+                f"{_arg(text, flag)} is out of range; give a port from 1 to {MAX_PORT}, e.g. 29500"
             )
         return value
 
@@ -79,8 +83,7 @@ def count_type(
         value = _int(text, flag, f"{what} from {lo} to {hi}", str(example))
         if not lo <= value <= hi:
             raise _fail(
-                f"{_show(text, flag)} is out of range; give {what} from {lo} to {hi}, "
-                f"e.g. {example}"
+                f"{_arg(text, flag)} is out of range; give {what} from {lo} to {hi}, e.g. {example}"
             )
         return value
 
@@ -110,14 +113,13 @@ def real_type(
             value = float(str(text).strip())
         except ValueError:
             raise _fail(
-                f"{_show(text, flag)} is not a number; give {what}, e.g. {example}"
+                f"{_arg(text, flag)} is not a number; give {what}, e.g. {example}"
             ) from None
         low_ok = value > lo if lo_open else value >= lo
         if not math.isfinite(value) or not low_ok or value > hi:
             bound = f"above {lo:g}" if lo_open else f"from {lo:g}"
             raise _fail(
-                f"{_show(text, flag)} is out of range; give {what} {bound} to {hi:g}, "
-                f"e.g. {example}"
+                f"{_arg(text, flag)} is out of range; give {what} {bound} to {hi:g}, e.g. {example}"
             )
         return value
 

@@ -20,8 +20,8 @@ import yaml
 from rich.console import Console
 
 from dscluster import bake, paths
+from dscluster.degraded import degraded_path
 from dscluster.errors import DsclusterError
-from dscluster.hostfile import degraded_path
 from dscluster.inventory import load
 from dscluster.sources import aws, aws_cluster
 from dscluster.sources import ec2 as ec2_access

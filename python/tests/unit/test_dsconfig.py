@@ -12,8 +12,8 @@ import pytest
 
 from dscluster import dsconfig, runner, storage
 from dscluster.errors import DsclusterError
-from dscluster.hostfile import NodeFacts
 from dscluster.jobs import dsconfig_check
+from dscluster.node_facts import NodeFacts
 from dscluster.smoke.run import checked_ds_config
 
 from .clirun import run_cli

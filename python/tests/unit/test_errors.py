@@ -10,7 +10,8 @@ import pathlib
 import pytest
 
 from dscluster import cli, util
-from dscluster.errors import DsclusterError, one_line
+from dscluster.errors import DsclusterError
+from dscluster.text import one_line
 
 
 def _boom(args, out, err):
@@ -50,13 +51,11 @@ def test_a_bug_is_one_line_naming_its_report(monkeypatch, tmp_path, capsys):
 def test_a_bug_report_is_private_even_where_an_older_one_was_not(monkeypatch, tmp_path):
     """A reports directory an older dscluster made 0755 becomes 0700; a link planted at the
     report's name is not written through (no report then, and the target is untouched)."""
-    from dscluster import errors  # noqa: PLC0415
-
     monkeypatch.setenv("DSCLUSTER_CACHE", str(tmp_path / "cache"))
     reports = tmp_path / "cache" / "bug-reports"
     reports.mkdir(parents=True, mode=0o755)
     os.chmod(reports, 0o755)
-    written = errors.bug_report(KeyError("x"), ["dscluster", "launch", "--token", "s3cret"])
+    written = cli.bug_report(KeyError("x"), ["dscluster", "launch", "--token", "s3cret"])
     assert written is not None and written.parent == reports
     assert reports.stat().st_mode & 0o777 == 0o700
     assert written.stat().st_mode & 0o777 == 0o600 and "s3cret" in written.read_text()
@@ -64,8 +63,8 @@ def test_a_bug_report_is_private_even_where_an_older_one_was_not(monkeypatch, tm
     victim.write_text("mine\n")
     written.unlink()
     written.symlink_to(victim)
-    monkeypatch.setattr(errors.dt, "datetime", _Frozen(written.name))
-    assert errors.bug_report(KeyError("y"), ["dscluster"]) is None
+    monkeypatch.setattr(cli.dt, "datetime", _Frozen(written.name))
+    assert cli.bug_report(KeyError("y"), ["dscluster"]) is None
     assert victim.read_text() == "mine\n"
 
 

@@ -7,7 +7,12 @@ import re
 import pytest
 
 from dscluster import hostfile, inventory
+from dscluster.deepspeed_env import parse_env_file, render_env
+from dscluster.degraded import check_degraded, update_degraded, write_degraded
 from dscluster.errors import DsclusterError
+from dscluster.launch_env import derive_env, derive_launch_env, omp_threads
+from dscluster.launch_files import write_launch_files
+from dscluster.node_facts import NodeFacts, read_facts_file
 
 from .accel_fixtures import (
     accelerators,
@@ -49,7 +54,7 @@ def test_render_hostfile_rejects(entries, needle):
 
 
 def test_render_env_plain_lines():
-    text = hostfile.render_env({"PATH": "/opt/v/bin:/usr/bin", "NCCL_SOCKET_IFNAME": "eth0"})
+    text = render_env({"PATH": "/opt/v/bin:/usr/bin", "NCCL_SOCKET_IFNAME": "eth0"})
     assert text == "PATH=/opt/v/bin:/usr/bin\nNCCL_SOCKET_IFNAME=eth0\n"
     for line in text.splitlines():
         assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=[^\s\"'`$\\]+", line)
@@ -71,15 +76,15 @@ def test_render_env_plain_lines():
 )
 def test_render_env_rejects_values_deepspeed_would_mangle(key, value, needle):
     with pytest.raises(DsclusterError, match=re.escape(needle)):
-        hostfile.render_env({key: value})
+        render_env({key: value})
 
 
 def test_derive_env_cpu_pins_interfaces_and_threads(inventory_dir):
     facts = [
-        hostfile.NodeFacts("a", "cpu", 0, 2, "eth0", "10.0.0.1", "/opt/v", "/opt/ext", 8, {}),
-        hostfile.NodeFacts("b", "cpu", 0, 4, "eth0", "10.0.0.2", "/opt/v", "/opt/ext", 8, {}),
+        NodeFacts("a", "cpu", 0, 2, "eth0", "10.0.0.1", "/opt/v", "/opt/ext", 8, {}),
+        NodeFacts("b", "cpu", 0, 4, "eth0", "10.0.0.2", "/opt/v", "/opt/ext", 8, {}),
     ]
-    env = hostfile.derive_env(facts)
+    env = derive_env(facts)
     assert env["PATH"].startswith("/opt/v/bin:")
     assert env["GLOO_SOCKET_IFNAME"] == "eth0"
     assert env["NCCL_SOCKET_IFNAME"] == "eth0"
@@ -88,8 +93,8 @@ def test_derive_env_cpu_pins_interfaces_and_threads(inventory_dir):
     assert env["TORCH_EXTENSIONS_DIR"] == "/opt/ext"  # as recorded, not derived
 
 
-def machine_node(host: str, cpus: int, slots: int, boot_id: str) -> hostfile.NodeFacts:
-    return hostfile.NodeFacts(
+def machine_node(host: str, cpus: int, slots: int, boot_id: str) -> NodeFacts:
+    return NodeFacts(
         host, "cpu", 0, slots, "eth0", "", "/opt/v", "/opt/ext", cpus, {}, boot_id=boot_id
     )
 
@@ -125,10 +130,10 @@ BOOT_B = "0b2f4e8d-9a61-4c7e-3d1b-5f0c2a8e7c13"
 )
 def test_omp_threads_share_a_machines_cores_among_the_ranks_on_it(nodes, threads):
     facts = [machine_node(*node) for node in nodes]
-    assert hostfile.omp_threads(facts) == threads
-    assert hostfile.derive_env(facts)["OMP_NUM_THREADS"] == str(threads)
+    assert omp_threads(facts) == threads
+    assert derive_env(facts)["OMP_NUM_THREADS"] == str(threads)
     # the user's dscluster_extra_env still has the last word
-    assert hostfile.derive_env(facts, {"OMP_NUM_THREADS": "7"})["OMP_NUM_THREADS"] == "7"
+    assert derive_env(facts, {"OMP_NUM_THREADS": "7"})["OMP_NUM_THREADS"] == "7"
 
 
 def test_boot_id_is_read_from_the_recorded_accelerators_fact():
@@ -136,20 +141,20 @@ def test_boot_id_is_read_from_the_recorded_accelerators_fact():
         "accelerators": {"kind": "cpu", "count": 0, "cpus": 2, "boot_id": BOOT_A},
         "versions": {"venv": "/opt/v", "torch_extensions_dir": "/opt/ext"},
     }
-    assert hostfile.NodeFacts.from_json("n1", data).boot_id == BOOT_A
+    assert NodeFacts.from_json("n1", data).boot_id == BOOT_A
     del data["accelerators"]["boot_id"]  # facts recorded before it
-    assert hostfile.NodeFacts.from_json("n1", data).boot_id == ""
+    assert NodeFacts.from_json("n1", data).boot_id == ""
     data["accelerators"]["boot_id"] = ["x"]
     with pytest.raises(DsclusterError, match=r"accelerators.boot_id is \['x'\], not text"):
-        hostfile.NodeFacts.from_json("n1", data)
+        NodeFacts.from_json("n1", data)
 
 
 def test_derive_env_no_interface_pin_when_names_differ():
     facts = [
-        hostfile.NodeFacts("a", "cuda", 4, 1, "eth0", "", "/opt/v", "/opt/ext", 8, {}),
-        hostfile.NodeFacts("b", "cuda", 4, 1, "ens5", "", "/opt/v", "/opt/ext", 8, {}),
+        NodeFacts("a", "cuda", 4, 1, "eth0", "", "/opt/v", "/opt/ext", 8, {}),
+        NodeFacts("b", "cuda", 4, 1, "ens5", "", "/opt/v", "/opt/ext", 8, {}),
     ]
-    env = hostfile.derive_env(facts)
+    env = derive_env(facts)
     assert "NCCL_SOCKET_IFNAME" not in env
     assert "OMP_NUM_THREADS" not in env
     assert "ACCELERATE_USE_CPU" not in env  # GPU nodes
@@ -157,34 +162,32 @@ def test_derive_env_no_interface_pin_when_names_differ():
 
 def test_derive_env_refuses_different_venvs():
     facts = [
-        hostfile.NodeFacts("a", "cpu", 0, 1, "eth0", "", "/opt/v", "/opt/ext", 2, {}),
-        hostfile.NodeFacts("b", "cpu", 0, 1, "eth0", "", "/opt/w", "/opt/ext", 2, {}),
+        NodeFacts("a", "cpu", 0, 1, "eth0", "", "/opt/v", "/opt/ext", 2, {}),
+        NodeFacts("b", "cpu", 0, 1, "eth0", "", "/opt/w", "/opt/ext", 2, {}),
     ]
     with pytest.raises(DsclusterError, match=r"different venv paths.*ml_stack_venv"):
-        hostfile.derive_env(facts)
+        derive_env(facts)
 
 
-def cpu_node(host: str, pycache: str) -> hostfile.NodeFacts:
-    return hostfile.NodeFacts(
+def cpu_node(host: str, pycache: str) -> NodeFacts:
+    return NodeFacts(
         host, "cpu", 0, 1, "eth0", "", "/opt/v", "/opt/ext", 2, {}, pycache_dir=pycache
     )
 
 
 def test_pycache_prefix_is_the_recorded_one_when_every_node_has_it():
-    env, warnings = hostfile.derive_launch_env(
-        [cpu_node("a", "/opt/pyc"), cpu_node("b", "/opt/pyc")]
-    )
+    env, warnings = derive_launch_env([cpu_node("a", "/opt/pyc"), cpu_node("b", "/opt/pyc")])
     assert env["PYTHONPYCACHEPREFIX"] == "/opt/pyc" and warnings == []
     # ml_stack_pycache_dir "" everywhere (or facts from before it): left out, nothing said
-    env, warnings = hostfile.derive_launch_env([cpu_node("a", ""), cpu_node("b", "")])
+    env, warnings = derive_launch_env([cpu_node("a", ""), cpu_node("b", "")])
     assert "PYTHONPYCACHEPREFIX" not in env and warnings == []
     # the user's dscluster_extra_env has the last word
-    env, _ = hostfile.derive_launch_env([cpu_node("a", "/opt/pyc")], {"PYTHONPYCACHEPREFIX": "/x"})
+    env, _ = derive_launch_env([cpu_node("a", "/opt/pyc")], {"PYTHONPYCACHEPREFIX": "/x"})
     assert env["PYTHONPYCACHEPREFIX"] == "/x"
 
 
 def test_pycache_prefix_left_out_naming_the_nodes_without_it():
-    env, warnings = hostfile.derive_launch_env(
+    env, warnings = derive_launch_env(
         [cpu_node("a", "/opt/pyc"), cpu_node("b", ""), cpu_node("c", "")]
     )
     assert "PYTHONPYCACHEPREFIX" not in env
@@ -193,7 +196,7 @@ def test_pycache_prefix_left_out_naming_the_nodes_without_it():
         "compiles what it imports again; run 'dscluster provision'"
     ]
     with pytest.raises(DsclusterError, match=r"different pycache_dir paths.*ml_stack_pycache_dir"):
-        hostfile.derive_launch_env([cpu_node("a", "/opt/pyc"), cpu_node("b", "/opt/other")])
+        derive_launch_env([cpu_node("a", "/opt/pyc"), cpu_node("b", "/opt/other")])
 
 
 def test_pycache_dir_read_from_the_ml_stack_fact(inventory_dir: pathlib.Path):
@@ -201,14 +204,14 @@ def test_pycache_dir_read_from_the_ml_stack_fact(inventory_dir: pathlib.Path):
         data = json.loads((inventory_dir / "facts" / f"{host}.json").read_text())
         data["versions"]["pycache_dir"] = "/opt/dscluster/pycache"
         (inventory_dir / "facts" / f"{host}.json").write_text(json.dumps(data))
-    files = hostfile.write_launch_files(inventory.load(inventory_dir))
+    files = write_launch_files(inventory.load(inventory_dir))
     env = dict(line.split("=", 1) for line in files.env_file.read_text().splitlines())
     assert env["PYTHONPYCACHEPREFIX"] == "/opt/dscluster/pycache"
 
 
 def test_write_launch_files_heterogeneous_slots(inventory_dir: pathlib.Path):
     inv = inventory.load(inventory_dir)
-    files = hostfile.write_launch_files(inv)
+    files = write_launch_files(inv)
     assert files.hostfile.read_text() == "node-a slots=4\nnode-b slots=2\nnode-c slots=2\n"
     assert files.world_size == 8
     env = dict(line.split("=", 1) for line in files.env_file.read_text().splitlines())
@@ -221,7 +224,7 @@ def test_missing_facts_names_host_and_writes_nothing(inventory_dir: pathlib.Path
     (inventory_dir / "hostfile").write_text("old slots=1\n")
     inv = inventory.load(inventory_dir)
     with pytest.raises(DsclusterError, match="no recorded facts for node-b"):
-        hostfile.write_launch_files(inv)
+        write_launch_files(inv)
     assert (inventory_dir / "hostfile").read_text() == "old slots=1\n"
     assert not (inventory_dir / ".deepspeed_env").exists()
 
@@ -236,7 +239,7 @@ def test_bad_env_value_writes_neither_file(inventory_dir: pathlib.Path):
     )
     inv = inventory.load(inventory_dir)
     with pytest.raises(DsclusterError, match="MY_VAR"):
-        hostfile.write_launch_files(inv)
+        write_launch_files(inv)
     assert not (inventory_dir / "hostfile").exists()
     assert not (inventory_dir / ".deepspeed_env").exists()
 
@@ -245,7 +248,7 @@ def test_zero_slot_accelerator_node_refused(inventory_dir: pathlib.Path):
     write_facts(inventory_dir / "facts", "node-c", cpu_slots=0)
     inv = inventory.load(inventory_dir)
     with pytest.raises(DsclusterError, match="node-c has slots=0"):
-        hostfile.write_launch_files(inv)
+        write_launch_files(inv)
     assert not (inventory_dir / "hostfile").exists()
 
 
@@ -253,14 +256,14 @@ def test_incomplete_facts_are_an_error(inventory_dir: pathlib.Path):
     (inventory_dir / "facts" / "node-a.json").write_text('{"host": "node-a"}')
     inv = inventory.load(inventory_dir)
     with pytest.raises(DsclusterError, match="recorded facts of node-a are incomplete"):
-        hostfile.write_launch_files(inv)
+        write_launch_files(inv)
 
 
 # ---- facts built from recorded outputs: accelerators fact -> nccl_profile -> facts/<host>.json
 
 
 def _parse_deepspeed_env(text: str) -> dict[str, str]:
-    """`.deepspeed_env` read as DeepSpeed's runner does (see hostfile.py's docstring): each
+    """`.deepspeed_env` read as DeepSpeed's runner does (see deepspeed_env.py's docstring): each
     line split once on '=', key and value stripped; values outside the safe set get quoted
     and then expanded by the remote shell, so they must not hold what the shell changes."""
     env = {}
@@ -354,7 +357,7 @@ def _write_efa_nodes(inv: pathlib.Path, tmp_path: pathlib.Path, second_ifname: s
 def test_acceptance_4_and_2_gpu_efa_nodes_from_recorded_outputs(efa_cluster, tmp_path):
     nodes = _write_efa_nodes(efa_cluster, tmp_path)
     assert [n["nccl_env"]["profile"] for n in nodes.values()] == ["efa", "efa"]
-    files = hostfile.write_launch_files(inventory.load(efa_cluster))
+    files = write_launch_files(inventory.load(efa_cluster))
     assert files.hostfile.read_text() == "gpu-4 slots=4\ngpu-2 slots=2\n"
     assert [
         DS_HOSTFILE_RE.match(line).groups() for line in files.hostfile.read_text().splitlines()
@@ -379,7 +382,7 @@ def test_acceptance_heterogeneous_interface_names_leave_keys_out_with_warning(
     efa_cluster, tmp_path
 ):
     _write_efa_nodes(efa_cluster, tmp_path, second_ifname="ens5")
-    files = hostfile.write_launch_files(inventory.load(efa_cluster))
+    files = write_launch_files(inventory.load(efa_cluster))
     env = _parse_deepspeed_env(files.env_file.read_text())
     assert "NCCL_SOCKET_IFNAME" not in env  # each node's /etc/nccl.conf has its own
     assert "GLOO_SOCKET_IFNAME" not in env
@@ -405,7 +408,7 @@ def test_node_without_nccl_env_fact_is_reported(efa_cluster, tmp_path):
     data = json.loads((efa_cluster / "facts" / "gpu-2.json").read_text())
     del data["nccl_env"]
     (efa_cluster / "facts" / "gpu-2.json").write_text(json.dumps(data))
-    files = hostfile.write_launch_files(inventory.load(efa_cluster))
+    files = write_launch_files(inventory.load(efa_cluster))
     env = _parse_deepspeed_env(files.env_file.read_text())
     assert "FI_PROVIDER" not in env
     assert files.warnings[0].startswith("no nccl_env fact for gpu-2")
@@ -414,7 +417,7 @@ def test_node_without_nccl_env_fact_is_reported(efa_cluster, tmp_path):
 
 def test_old_facts_keep_the_interface_rule(inventory_dir: pathlib.Path):
     # conftest's facts carry no nccl_env (as before the nccl_env role): same as before.
-    files = hostfile.write_launch_files(inventory.load(inventory_dir))
+    files = write_launch_files(inventory.load(inventory_dir))
     env = _parse_deepspeed_env(files.env_file.read_text())
     assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "eth0"
     assert files.warnings == []
@@ -423,7 +426,7 @@ def test_old_facts_keep_the_interface_rule(inventory_dir: pathlib.Path):
 def test_malformed_nccl_env_fact_is_an_error(inventory_dir: pathlib.Path):
     write_facts(inventory_dir / "facts", "node-a", kind="cuda", count=4, nccl_env=["eth0"])
     with pytest.raises(DsclusterError, match="recorded facts of node-a are incomplete"):
-        hostfile.write_launch_files(inventory.load(inventory_dir))
+        write_launch_files(inventory.load(inventory_dir))
 
 
 # ---- degraded clusters: nodes left out after `provision --allow-degraded` -----------------
@@ -431,26 +434,24 @@ def test_malformed_nccl_env_fact_is_an_error(inventory_dir: pathlib.Path):
 
 def test_update_degraded_records_failures_and_clears_successes():
     before = {"node-b": {"reason": "unreachable", "since": "T0"}}
-    after = hostfile.update_degraded(
+    after = update_degraded(
         before, failed={"node-c": "failed at 'x'"}, succeeded=["node-a"], now="T1"
     )
     assert after == {
         "node-b": {"reason": "unreachable", "since": "T0"},  # not run on: kept as it was
         "node-c": {"reason": "failed at 'x'", "since": "T1"},
     }
-    again = hostfile.update_degraded(after, failed={"node-b": "still down"}, succeeded=[], now="T2")
+    again = update_degraded(after, failed={"node-b": "still down"}, succeeded=[], now="T2")
     assert again["node-b"] == {"reason": "still down", "since": "T0"}  # first failure kept
-    assert (
-        hostfile.update_degraded(after, failed={}, succeeded=["node-b", "node-c"], now="T3") == {}
-    )
+    assert update_degraded(after, failed={}, succeeded=["node-b", "node-c"], now="T3") == {}
     assert before == {"node-b": {"reason": "unreachable", "since": "T0"}}  # input untouched
 
 
 def test_degraded_record_leaves_nodes_out_with_a_warning(inventory_dir: pathlib.Path):
     inv = inventory.load(inventory_dir)
     (inventory_dir / "facts" / "node-b.json").unlink()  # an excluded node needs no facts
-    hostfile.write_degraded(inv, {"node-b": {"reason": "unreachable", "since": "T0"}})
-    files = hostfile.write_launch_files(inv)
+    write_degraded(inv, {"node-b": {"reason": "unreachable", "since": "T0"}})
+    files = write_launch_files(inv)
     assert files.hostfile.read_text() == "node-a slots=4\nnode-c slots=2\n"
     assert [f.host for f in files.facts] == ["node-a", "node-c"]
     warning = files.warnings[0]
@@ -458,9 +459,9 @@ def test_degraded_record_leaves_nodes_out_with_a_warning(inventory_dir: pathlib.
     assert "node-b: unreachable" in warning and "dscluster provision -i" in warning
     # an empty record removes the file, and the next hostfile has every node again
     write_facts(inventory_dir / "facts", "node-b", kind="cuda", count=2)
-    hostfile.write_degraded(inv, {})
+    write_degraded(inv, {})
     assert not (inventory_dir / "degraded.json").exists()
-    files = hostfile.write_launch_files(inv)
+    files = write_launch_files(inv)
     assert files.hostfile.read_text().splitlines()[1] == "node-b slots=2"
     assert files.warnings == []
 
@@ -468,16 +469,16 @@ def test_degraded_record_leaves_nodes_out_with_a_warning(inventory_dir: pathlib.
 def test_degraded_head_or_every_node_is_refused_and_nothing_written(inventory_dir: pathlib.Path):
     inv = inventory.load(inventory_dir)
     with pytest.raises(DsclusterError, match=r"the head node-a failed .*cannot be left out"):
-        hostfile.write_launch_files(inv, excluded={"node-a": {"reason": "down"}})
+        write_launch_files(inv, excluded={"node-a": {"reason": "down"}})
     with pytest.raises(DsclusterError, match="every node failed"):
-        hostfile.check_degraded(["a", "b"], "x", {"a": "down", "b": "down"})
+        check_degraded(["a", "b"], "x", {"a": "down", "b": "down"})
     assert not (inventory_dir / "hostfile").exists()
 
 
 def test_broken_degraded_record_is_an_error(inventory_dir: pathlib.Path):
     (inventory_dir / "degraded.json").write_text('{"excluded": ["node-b"]}')
     with pytest.raises(DsclusterError, match=r"degraded\.json is not a degraded-nodes record"):
-        hostfile.write_launch_files(inventory.load(inventory_dir))
+        write_launch_files(inventory.load(inventory_dir))
 
 
 # ---- `dscluster provision`: what it writes after a run, given the run's per-host outcome ---
@@ -590,8 +591,8 @@ def _with_extra_env(inventory_dir: pathlib.Path, yaml_value: str) -> inventory.I
 
 def test_extra_env_numbers_and_bools_become_text(inventory_dir: pathlib.Path):
     inv = _with_extra_env(inventory_dir, "{OMP_NUM_THREADS: 4, NCCL_IB_DISABLE: true, LR: 0.5}")
-    files = hostfile.write_launch_files(inv)
-    env = hostfile.parse_env_file(files.env_file.read_text(), "x")
+    files = write_launch_files(inv)
+    env = parse_env_file(files.env_file.read_text(), "x")
     assert (env["OMP_NUM_THREADS"], env["NCCL_IB_DISABLE"], env["LR"]) == ("4", "1", "0.5")
 
 
@@ -608,7 +609,7 @@ def test_extra_env_refused_naming_the_key(inventory_dir: pathlib.Path, yaml_valu
     # Refused when the inventory is read (rules.yml, as validate_inventory) or, for an
     # inventory object made otherwise, when the launch files are rendered.
     with pytest.raises(DsclusterError, match=re.escape(needle)):
-        hostfile.write_launch_files(_with_extra_env(inventory_dir, yaml_value))
+        write_launch_files(_with_extra_env(inventory_dir, yaml_value))
     assert not (inventory_dir / "hostfile").exists()
 
 
@@ -616,7 +617,7 @@ def test_launch_files_are_one_transaction(inventory_dir: pathlib.Path):
     (inventory_dir / "hostfile").write_text("# by hand\nnode-a slots=1\n")
     (inventory_dir / ".deepspeed_env").mkdir()
     with pytest.raises(DsclusterError, match="deepspeed_env: it is a directory"):
-        hostfile.write_launch_files(inventory.load(inventory_dir))
+        write_launch_files(inventory.load(inventory_dir))
     assert (inventory_dir / "hostfile").read_text() == "# by hand\nnode-a slots=1\n"
 
 
@@ -657,4 +658,4 @@ def test_facts_files_refused_in_one_line(tmp_path: pathlib.Path, data, needle):
     path = tmp_path / "n1.json"
     path.write_bytes(data)
     with pytest.raises(DsclusterError, match=re.escape(needle)):
-        hostfile.read_facts_file(path, "n1")
+        read_facts_file(path, "n1")

@@ -115,7 +115,7 @@ def test_scripts_plugins_and_vault_data_are_never_kept(inventory_dir, tmp_path, 
 
 
 def test_a_refused_or_failed_command_writes_nothing(inventory_dir, cache, calls, monkeypatch):
-    from dscluster import hostfile  # noqa: PLC0415
+    from dscluster import launch_files  # noqa: PLC0415
 
     hosts = inventory_dir / "hosts.yml"
     good = hosts.read_text()
@@ -128,7 +128,7 @@ def test_a_refused_or_failed_command_writes_nothing(inventory_dir, cache, calls,
         raise DsclusterError(f"{inv.head}: a fault after the inventory was read")
 
     # Read fine, then the command fails: still nothing written.
-    monkeypatch.setattr(hostfile, "write_launch_files", fails)
+    monkeypatch.setattr(launch_files, "write_launch_files", fails)
     assert cli.main(["hostfile", "-i", str(inventory_dir)]) == 1
     assert len(calls) == 2 and not cache.exists()
 

@@ -21,9 +21,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dscluster import hostfile
-from dscluster.errors import DsclusterError, one_line
+from dscluster.deepspeed_env import extra_env_texts, parse_env_file, render_env
+from dscluster.errors import DsclusterError
+from dscluster.launch_env import derive_launch_env
+from dscluster.node_facts import NodeFacts, read_facts_file
 from dscluster.sources import names, slurm, static
-from dscluster.validate import MAX_SLOTS
+from dscluster.text import one_line
+from dscluster.validate import MAX_NODES, MAX_SLOTS
 
 from .clirun import DS_HOSTFILE_RE
 
@@ -150,7 +154,7 @@ any_host_text = st.one_of(mutated(host_lists()), st.text(max_size=40))
 
 
 def check_entries(entries: list[tuple[str, int]]) -> None:
-    assert 1 <= len(entries) <= hostfile.MAX_HOSTS
+    assert 1 <= len(entries) <= MAX_NODES
     hosts = [h for h, _ in entries]
     assert len(set(hosts)) == len(hosts)
     for host, slots in entries:
@@ -194,7 +198,7 @@ def test_valid_host_lists_expand_as_python_hostlist_does(text):
 def test_huge_host_ranges_are_refused_before_expanding(count, width):
     text = f"n[{0:0{width}d}-{count:0{width}d}]"
     entries = refused_or(static.parse_hosts, text, 1)
-    assert (entries is None) == (count + 1 > hostfile.MAX_HOSTS or width > 18)
+    assert (entries is None) == (count + 1 > MAX_NODES or width > 18)
 
 
 # ---- Slurm node lists and count lists --------------------------------------------------------
@@ -241,7 +245,7 @@ def test_count_lists_parse_as_slurm_or_refuse(text):
     counts = refused_or(slurm.parse_counts, text, "SLURM_JOB_CPUS_PER_NODE")
     if counts is None:
         return
-    assert 1 <= len(counts) <= hostfile.MAX_HOSTS
+    assert 1 <= len(counts) <= MAX_NODES
     assert counts == slurm_counts(text.strip()) or counts == slurm_counts(
         ",".join(p.strip() for p in text.split(","))
     )
@@ -330,11 +334,11 @@ env_val = st.one_of(st.from_regex(r"[\w@%+=:,./-]{1,12}", fullmatch=True), st.te
 @PROFILE
 @given(env=st.dictionaries(env_key, env_val, max_size=5))
 def test_deepspeed_env_render_is_what_deepspeed_reads(env):
-    text = refused_or(hostfile.render_env, env)
+    text = refused_or(render_env, env)
     if text is None:
         return
     assert deepspeed_env(text) == env
-    assert hostfile.parse_env_file(text, ".deepspeed_env") == env
+    assert parse_env_file(text, ".deepspeed_env") == env
 
 
 @PROFILE
@@ -345,12 +349,12 @@ def test_deepspeed_env_render_is_what_deepspeed_reads(env):
     )
 )
 def test_deepspeed_env_parse_agrees_with_deepspeed_or_refuses(text):
-    env = refused_or(hostfile.parse_env_file, text, ".deepspeed_env")
+    env = refused_or(parse_env_file, text, ".deepspeed_env")
     if env is None:
         return
     assert deepspeed_env(text) == env
     if env:
-        assert hostfile.parse_env_file(hostfile.render_env(env), "x") == env
+        assert parse_env_file(render_env(env), "x") == env
 
 
 # ---- recorded facts -----------------------------------------------------------------------------
@@ -411,16 +415,16 @@ def set_key(data: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
     return data
 
 
-def check_node_facts(facts: hostfile.NodeFacts) -> None:
+def check_node_facts(facts: NodeFacts) -> None:
     assert isinstance(facts.accelerator, str) and isinstance(facts.venv, str)
     for count in (facts.accelerator_count, facts.cpu_slots, facts.cpus):
         assert isinstance(count, int) and not isinstance(count, bool) and count >= 0
     assert all(isinstance(m, str) for m in facts.models)
     # what the launch files are made of: valid, or refused
     refused_or(hostfile.render_hostfile, [(facts.host, facts.slots)])
-    env = refused_or(hostfile.derive_launch_env, [facts])
+    env = refused_or(derive_launch_env, [facts])
     if env is not None:
-        refused_or(hostfile.render_env, env[0])
+        refused_or(render_env, env[0])
 
 
 @PROFILE
@@ -429,7 +433,7 @@ def test_facts_with_wrong_types_load_or_refuse(changes):
     data = good_facts()
     for key, value in changes:
         data = set_key(data, key, value)
-    facts = refused_or(hostfile.NodeFacts.from_json, "n1", data, "facts/n1.json")
+    facts = refused_or(NodeFacts.from_json, "n1", data, "facts/n1.json")
     if facts is not None:
         check_node_facts(facts)
 
@@ -437,7 +441,7 @@ def test_facts_with_wrong_types_load_or_refuse(changes):
 @PROFILE
 @given(data=json_any)
 def test_any_json_document_loads_or_refuses(data):
-    facts = refused_or(hostfile.NodeFacts.from_json, "n1", data, "facts/n1.json")
+    facts = refused_or(NodeFacts.from_json, "n1", data, "facts/n1.json")
     if facts is not None:
         check_node_facts(facts)
 
@@ -456,7 +460,7 @@ def test_facts_files_of_any_bytes_load_or_refuse(raw):
     with tempfile.TemporaryDirectory() as tmp:
         path = pathlib.Path(tmp) / "n1.json"
         path.write_bytes(raw)
-        facts = refused_or(hostfile.read_facts_file, path, "n1")
+        facts = refused_or(read_facts_file, path, "n1")
     if facts is not None:
         check_node_facts(facts)
 
@@ -467,12 +471,12 @@ def test_facts_files_of_any_bytes_load_or_refuse(raw):
 @PROFILE
 @given(extra=st.one_of(st.dictionaries(st.one_of(env_key, st.integers()), json_any), json_any))
 def test_extra_env_renders_as_text_or_refuses(extra):
-    env = refused_or(hostfile.extra_env_texts, extra, "dscluster_extra_env in demo")
+    env = refused_or(extra_env_texts, extra, "dscluster_extra_env in demo")
     if env is None:
         return
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
     assert all(ENV_KEY_RE.fullmatch(k) for k in env)
-    text = refused_or(hostfile.render_env, env)
+    text = refused_or(render_env, env)
     if text is not None:
         assert deepspeed_env(text) == env
 
@@ -482,4 +486,4 @@ def test_extra_env_renders_as_text_or_refuses(extra):
     [(4, "4"), (True, "1"), (False, "0"), (0.5, "0.5"), ("x", "x"), (-3, "-3")],
 )
 def test_extra_env_plain_values(value, text):
-    assert hostfile.extra_env_texts({"K": value}, "x") == {"K": text}
+    assert extra_env_texts({"K": value}, "x") == {"K": text}

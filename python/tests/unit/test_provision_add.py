@@ -122,9 +122,9 @@ def _record(monkeypatch, outcomes: list[PlaybookResult]) -> list[dict]:
 
 
 def test_provision_add_runs_the_plan_and_clears_the_added_node(monkeypatch, capsys, inventory_dir):
-    from dscluster import cli, hostfile  # noqa: PLC0415
+    from dscluster import cli, degraded  # noqa: PLC0415
 
-    hostfile.write_degraded(
+    degraded.write_degraded(
         inventory.load(inventory_dir), {"node-c": {"reason": "down", "since": "T0"}}
     )
     calls = _record(monkeypatch, [_result(), _result(hosts=("node-c",))])

@@ -8,15 +8,20 @@ defined once in flags.py; the domain modules take plain arguments, never a Names
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
+import pathlib
+import platform
 import re
 import sys
+import traceback
 from collections.abc import Sequence
 
 from rich.console import Console
 
-from .. import __version__, inventory_cache, runner
-from ..errors import DsclusterError, bug_report, debug, one_line, print_error
+from .. import __version__, inventory_cache, paths, runner
+from ..errors import DsclusterError, debug, print_error
+from ..text import one_line
 from . import aws, doctor, dsconfig, flags, inventory, launch, local, provision, sbatch, smoke
 
 
@@ -24,8 +29,6 @@ class _Version(argparse.Action):
     """`dscluster --version`: this client's version and the collection it drives."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from .. import paths  # noqa: PLC0415
-
         try:
             where = f"{paths.FQCN} {paths.collection_version()} at {paths.collection_root()}"
         except DsclusterError as exc:
@@ -47,6 +50,29 @@ def _check_home(value: str) -> str:
             f"--home {value}: {probe} is not a directory; give a directory "
             "(a missing one is created)"
         )
+    return path
+
+
+def bug_report(exc: BaseException, argv: Sequence[str]) -> pathlib.Path | None:
+    """Write the traceback of an unexpected exception to a file; its path, or None."""
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+    path = paths.cache_root() / "bug-reports" / f"{stamp}-{os.getpid()}.txt"
+    text = (
+        f"dscluster {__version__}, Python {platform.python_version()} on {platform.platform()}\n"
+        f"argv: {list(argv)!r}\n\n"
+        + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    )
+    try:
+        path.parent.parent.mkdir(parents=True, exist_ok=True)
+        # argv can hold what only this user may read (paths, a job's arguments): 0700 / 0600
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        if path.parent.stat().st_uid == os.getuid():
+            os.chmod(path.parent, 0o700)  # one an older dscluster made 0755
+        open_flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        with os.fdopen(os.open(path, open_flags, 0o600), "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError:
+        return None
     return path
 
 

@@ -84,8 +84,8 @@ def cmd_provision(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def cmd_hostfile(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from ..hostfile import write_launch_files  # noqa: PLC0415
     from ..inventory import load  # noqa: PLC0415
+    from ..launch_files import write_launch_files  # noqa: PLC0415
     from ..util import print_warnings  # noqa: PLC0415
 
     files = write_launch_files(load(args.inventory))

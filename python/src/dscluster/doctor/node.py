@@ -106,7 +106,8 @@ def _majority(values: Mapping[str, str], head: str) -> str:
     return values[head] if head in values and values[head] in tied else sorted(tied)[0]
 
 
-def _show(value: Any) -> str:
+def _cell_text(value: Any) -> str:
+    """A manifest value as the versions row shows it: a list as [a,b], nothing as (none)."""
     if isinstance(value, list):
         return "[" + ",".join(map(str, value)) + "]"
     return str(value) if value not in ("", None) else "(none)"
@@ -125,7 +126,7 @@ def judge_versions(report, live, head, node, recorded) -> None:
             continue
         manifests[host] = versions
     for field in VERSION_FIELDS:
-        values = {h: _show(m.get(field, "")) for h, m in manifests.items()}
+        values = {h: _cell_text(m.get(field, "")) for h, m in manifests.items()}
         if len(set(values.values())) <= 1:
             continue
         usual = _majority(values, head)
@@ -141,9 +142,9 @@ def judge_versions(report, live, head, node, recorded) -> None:
     for host, manifest in manifests.items():
         before = (recorded.get(host) or {}).get("versions") or {}
         drift = [
-            f"{f} {_show(before[f])} → {_show(manifest.get(f, ''))}"
+            f"{f} {_cell_text(before[f])} → {_cell_text(manifest.get(f, ''))}"
             for f in ("torch", "deepspeed", "installed_ops", "cuda", "nccl")
-            if f in before and _show(before[f]) != _show(manifest.get(f, ""))
+            if f in before and _cell_text(before[f]) != _cell_text(manifest.get(f, ""))
         ]
         if drift:
             report.cell("versions", host).add(

@@ -13,9 +13,12 @@ from typing import Any
 from rich.console import Console
 
 from .. import rules, storage
+from ..deepspeed_env import parse_env_file
+from ..degraded import read_degraded
 from ..errors import DsclusterError
-from ..hostfile import parse_env_file, parse_hostfile, read_degraded
+from ..hostfile import parse_hostfile
 from ..inventory import DEFAULT_MASTER_PORT, Inventory
+from ..text import show_yaml
 from ..util import atomic_write
 from ..validate import read_text
 from .evaluate import evaluate
@@ -63,7 +66,7 @@ def _slot_var(inv: Inventory, host: str, name: str) -> int | None:
     rules.check_value(name, value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise DsclusterError(
-            f"{name} on {host} is {rules.show(value)}; doctor needs a plain whole number "
+            f"{name} on {host} is {show_yaml(value)}; doctor needs a plain whole number "
             f"there, not a template: write e.g. {name}: 2 in {inv.source}"
         )
     return value

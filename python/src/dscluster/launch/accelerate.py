@@ -10,7 +10,7 @@ ONE process per node with no RANK/WORLD_SIZE (unless accelerate is given an mpir
 so every node trains alone at world size 1. On a MULTI_CPU config with more than one rank,
 dscluster adds `--multi_gpu`, which takes the torch.distributed.run path instead; on CPU-only
 nodes the ranks come up as MULTI_CPU with gloo because the cluster's CPU profile exports
-ACCELERATE_USE_CPU=true (hostfile.derive_launch_env; without it accelerate/state.py's
+ACCELERATE_USE_CPU=true (launch_env.derive_launch_env; without it accelerate/state.py's
 _prepare_backend finds no backend and every rank is alone at world size 1). mpirun is not used: it
 would need Intel MPI or a torch built with MPI, and bypasses the per-node agents that
 launch_watch.py and lost-node naming expect.

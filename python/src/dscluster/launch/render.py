@@ -22,13 +22,11 @@ import shlex
 from collections.abc import Mapping, Sequence
 from importlib import resources
 
+from ..deepspeed_env import parse_env_file
 from ..errors import DsclusterError
-from ..hostfile import (
-    SYSTEM_PATH,
-    parse_env_file,
-    render_hostfile,
-)
+from ..hostfile import render_hostfile
 from ..inventory import DEFAULT_MASTER_PORT
+from ..launch_env import SYSTEM_PATH
 from ..storage import SOURCE_SECRETS
 from .select import select_resources
 

@@ -15,8 +15,8 @@ from rich.console import Console
 
 from .. import storage
 from ..errors import DsclusterError
-from ..hostfile import LaunchFiles, render_launch_files
 from ..inventory import DEFAULT_MASTER_PORT, Inventory
+from ..launch_files import LaunchFiles, render_launch_files
 from ..paths import cache_dir
 from ..runner import PlaybookResult, run_playbook
 from ..util import atomic_write, print_warnings, write_files

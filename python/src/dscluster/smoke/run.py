@@ -15,7 +15,6 @@ from rich.console import Console
 from .. import storage
 from ..dsconfig import OFFLOADS, ZERO_STAGES, auto_keys
 from ..errors import DsclusterError
-from ..hostfile import render_launch_files
 from ..inventory import DEFAULT_MASTER_PORT, Inventory
 from ..launch import (
     LAUNCH_TIME,
@@ -24,6 +23,7 @@ from ..launch import (
     plan_for,
     run_job,
 )
+from ..launch_files import render_launch_files
 from ..util import atomic_write, print_warnings
 from ..validate import read_text
 from .stragglers import DEFAULT_STRAGGLER_FACTOR, report_stragglers

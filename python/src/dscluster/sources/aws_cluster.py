@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import DsclusterError
+from ..text import squeeze
 from ..validate import MAX_NODES
 from .aws import TypeInfo, instance_types
 from .ec2 import (
@@ -36,7 +37,6 @@ from .ec2 import (
     cluster_filter,
     ec2_client,
     endpoint,
-    one_line,
     tag_value,
 )
 
@@ -670,7 +670,7 @@ def _undo(ec2: Any, cluster: str, plan: _Plan, made: _Made, exc: Exception, say:
                 step()
         except Exception as err:
             left.extend(what)
-            problems.append(one_line(str(err)))
+            problems.append(squeeze(err))
 
     if made.instances:
         attempt(

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..errors import DsclusterError
+from ..text import squeeze
 from .names import check_cluster_name
 
 CLUSTER_TAG = "dscluster:cluster"
@@ -39,10 +40,6 @@ _CONFIGURE = (
     "or AWS_PROFILE, export AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or run on an instance "
     "with an IAM role"
 )
-
-
-def one_line(text: object) -> str:
-    return " ".join(str(text).split())
 
 
 # ---------------------------------------------------------------- local shape checks
@@ -115,7 +112,7 @@ def check_cidr(cidr: str) -> None:
         ipaddress.ip_network(cidr, strict=True)
     except ValueError as exc:
         raise DsclusterError(
-            f"SSH CIDR {cidr!r} is not a network ({one_line(exc)}); give address/prefix "
+            f"SSH CIDR {cidr!r} is not a network ({squeeze(exc)}); give address/prefix "
             "with no host bits, e.g. 203.0.113.7/32 or 10.0.0.0/16"
         ) from None
 
@@ -156,11 +153,11 @@ def session(profile: str | None, region: str | None) -> Any:
     except ProfileNotFound as exc:
         raise DsclusterError(
             f"AWS profile {profile or os.environ.get('AWS_PROFILE')!r} is not configured "
-            f"({one_line(exc)}); {_CONFIGURE}"
+            f"({squeeze(exc)}); {_CONFIGURE}"
         ) from exc
     except BotoCoreError as exc:
         raise DsclusterError(
-            f"the AWS configuration cannot be read ({one_line(exc)}); fix ~/.aws/config or "
+            f"the AWS configuration cannot be read ({squeeze(exc)}); fix ~/.aws/config or "
             "AWS_CONFIG_FILE"
         ) from exc
     if not region_name:
@@ -200,7 +197,7 @@ def client(sess: Any, service: str = "ec2") -> Any:
             )
         except ValueError as exc:
             raise DsclusterError(
-                f"the {service.upper()} endpoint is not a usable URL ({one_line(exc)}); "
+                f"the {service.upper()} endpoint is not a usable URL ({squeeze(exc)}); "
                 "fix AWS_ENDPOINT_URL or the profile's endpoint_url (unset it to use AWS)"
             ) from None
     url = str(result.meta.endpoint_url)
@@ -251,7 +248,7 @@ def _client_error(exc: Any, where: str, url: str) -> DsclusterError:
         )
     hint = f"; {_CONFIGURE}" if code in _AUTH_CODES else "; fix the request or its permissions"
     return DsclusterError(
-        f"AWS refused {op}{where}: {code}: {one_line(error.get('Message', ''))}{hint}"
+        f"AWS refused {op}{where}: {code}: {squeeze(error.get('Message', ''))}{hint}"
     )
 
 
@@ -266,14 +263,14 @@ def aws_errors(region: str | None, url: str | None = None) -> Iterator[None]:
     try:
         yield
     except (bx.NoCredentialsError, bx.PartialCredentialsError) as exc:
-        raise DsclusterError(f"no usable AWS credentials ({one_line(exc)}); {_CONFIGURE}") from exc
+        raise DsclusterError(f"no usable AWS credentials ({squeeze(exc)}); {_CONFIGURE}") from exc
     except bx.ProfileNotFound as exc:
-        raise DsclusterError(f"AWS profile not found ({one_line(exc)}); {_CONFIGURE}") from exc
+        raise DsclusterError(f"AWS profile not found ({squeeze(exc)}); {_CONFIGURE}") from exc
     except bx.NoRegionError as exc:
         raise DsclusterError("no AWS region: pass --region or set AWS_DEFAULT_REGION") from exc
     except bx.WaiterError as exc:
         raise DsclusterError(
-            f"EC2 did not reach the expected state{where} in time ({one_line(exc)}); "
+            f"EC2 did not reach the expected state{where} in time ({squeeze(exc)}); "
             "check the instances in the EC2 console and run the command again"
         ) from exc
     except bx.ClientError as exc:
@@ -281,20 +278,20 @@ def aws_errors(region: str | None, url: str | None = None) -> Iterator[None]:
     except ResponseParserError as exc:
         raise DsclusterError(
             f"the endpoint {url} answered{where} with something that is not an EC2 response "
-            f"({one_line(exc)[:120]}); check AWS_ENDPOINT_URL (unset it to use AWS)"
+            f"({squeeze(exc)[:120]}); check AWS_ENDPOINT_URL (unset it to use AWS)"
         ) from exc
     except (bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError) as exc:
         raise DsclusterError(
-            f"cannot reach the EC2 endpoint {url}{where} ({one_line(exc)}); check the "
+            f"cannot reach the EC2 endpoint {url}{where} ({squeeze(exc)}); check the "
             "network, the region and AWS_ENDPOINT_URL"
         ) from exc
     except bx.ParamValidationError as exc:
         raise DsclusterError(
-            f"EC2 request refused before sending{where} ({one_line(exc)}); check the options"
+            f"EC2 request refused before sending{where} ({squeeze(exc)}); check the options"
         ) from exc
     except bx.BotoCoreError as exc:
         raise DsclusterError(
-            f"AWS request to {url} failed{where}: {one_line(exc)}; check the network and "
+            f"AWS request to {url} failed{where}: {squeeze(exc)}; check the network and "
             "AWS_ENDPOINT_URL, and run the command again"
         ) from exc
 
@@ -328,7 +325,6 @@ __all__ = [
     "cluster_filter",
     "ec2_client",
     "endpoint",
-    "one_line",
     "session",
     "tag_value",
 ]

@@ -1,10 +1,10 @@
 """Slurm as an inventory source: `dscluster inventory slurm`.
 
 It runs inside an allocation (salloc / sbatch) or takes --nodelist: the node list
-(`gpu-[001-004,010],cpu7`) is checked (names, brackets, at most hostfile.MAX_HOSTS nodes,
-before expanding) and expanded with python-hostlist (Slurm's own `scontrol show hostnames`
-where no list is given but scontrol is there), slots per node come from what Slurm says
-about the allocation, and `inventories/<name>/hosts.yml` + `hostfile` are written as one
+(`gpu-[001-004,010],cpu7`) is checked (names, brackets, at most validate.MAX_NODES
+nodes, before expanding) and expanded with python-hostlist (Slurm's own `scontrol show
+hostnames` where no list is given but scontrol is there), slots per node come from what
+Slurm says about the allocation, and `inventories/<name>/hosts.yml` + `hostfile` are written as one
 transaction, head = the first node.
 
 The pure parts (`expand_nodelist`, `parse_cpus_per_node`, `slots_from_env`) do no I/O, so
@@ -25,8 +25,9 @@ from typing import Any
 import hostlist
 
 from ..errors import DsclusterError
-from ..hostfile import MAX_HOSTS, SLOTS_RULE, show
-from ..validate import MAX_SLOTS, check_out_dir
+from ..hostfile import SLOTS_RULE
+from ..text import show
+from ..validate import MAX_NODES, MAX_SLOTS, check_out_dir
 from . import static
 from .cluster import write
 from .names import check_host_name, check_inventory_name
@@ -43,7 +44,7 @@ def expand_nodelist(nodelist: str) -> list[str]:
 
     `gpu-[001-004,010],cpu7` -> gpu-001 … gpu-004, gpu-010, cpu7. A repeated node is an error
     (Slurm never lists one twice; a hand-written --nodelist might); so is a list of more than
-    hostfile.MAX_HOSTS nodes (refused before it is expanded).
+    validate.MAX_NODES nodes (refused before it is expanded).
     """
     if not (nodelist or "").strip():
         raise DsclusterError(
@@ -70,7 +71,7 @@ def expand_nodelist(nodelist: str) -> list[str]:
 
 def parse_counts(value: str, variable: str = "SLURM_JOB_CPUS_PER_NODE") -> list[int]:
     """Slurm's per-node count format (SLURM_JOB_CPUS_PER_NODE, SLURM_TASKS_PER_NODE):
-    `2(x3),1` -> [2, 2, 2, 1]; more than hostfile.MAX_HOSTS nodes refused before expanding."""
+    `2(x3),1` -> [2, 2, 2, 1]; more than validate.MAX_NODES nodes refused before expanding."""
     items: list[tuple[int, int]] = []
     for item in (value or "").split(","):
         m = CPUS_ITEM_RE.fullmatch(item.strip())
@@ -80,9 +81,9 @@ def parse_counts(value: str, variable: str = "SLURM_JOB_CPUS_PER_NODE") -> list[
                 "N or N(xM); pass --slots instead"
             )
         items.append((int(m["count"]), int(m["repeat"] or 1)))
-    if sum(repeat for _, repeat in items) > MAX_HOSTS:
+    if sum(repeat for _, repeat in items) > MAX_NODES:
         raise DsclusterError(
-            f"{variable}={show(value)} describes more than {MAX_HOSTS} nodes, the most one "
+            f"{variable}={show(value)} describes more than {MAX_NODES} nodes, the most one "
             "inventory holds; pass --slots N and a shorter --nodelist"
         )
     return [count for count, repeat in items for _ in range(repeat)]

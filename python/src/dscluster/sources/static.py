@@ -30,9 +30,10 @@ from typing import Any
 import hostlist
 
 from ..errors import DsclusterError
-from ..hostfile import IPV6_RULE, MAX_HOSTS, SLOTS_RULE, render_hostfile, show
+from ..hostfile import IPV6_RULE, SLOTS_RULE, render_hostfile
 from ..paths import inventory_dir
-from ..validate import MAX_SLOTS, check_out_dir
+from ..text import show
+from ..validate import MAX_NODES, MAX_SLOTS, check_out_dir
 from .cluster import Cluster, Node, write
 from .names import check_host_name, check_inventory_name
 
@@ -158,16 +159,16 @@ def pattern_size(pattern: str, what: str = "host list") -> int:
                 )
         else:
             size *= _bracket_size(pattern, piece, what)
-        size = min(size, MAX_HOSTS + 1)
+        size = min(size, MAX_NODES + 1)
     return size
 
 
 def expand_list(parts: Sequence[str], text: str, what: str = "host list") -> list[list[str]]:
     """Each pattern expanded (python-hostlist), duplicates kept; refused before expanding
-    when the whole list names more than MAX_HOSTS hosts."""
-    if sum(pattern_size(p, what) for p in parts) > MAX_HOSTS:
+    when the whole list names more than MAX_NODES hosts."""
+    if sum(pattern_size(p, what) for p in parts) > MAX_NODES:
         raise DsclusterError(
-            f"{what} {show(text)} names more than {MAX_HOSTS} hosts, the most one inventory "
+            f"{what} {show(text)} names more than {MAX_NODES} hosts, the most one inventory "
             "holds; list fewer hosts"
         )
     return [expand(p, what) for p in parts]
