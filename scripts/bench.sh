@@ -166,8 +166,12 @@ R[install_uv_s]=$($BIN/python -c "import json,sys; print(json.load(open(sys.argv
 
 echo "== first-step latency: pre-built ops vs JIT at launch (1 rank on the head)"
 head=dsc-local-n1
-job=python/src/dscluster/jobs/smoke_job.py
-docker cp "$job" "$head:/tmp/bench_job.py"
+# The smoke job's files (its entry script and the modules it imports from beside it).
+jobs=python/src/dscluster/jobs
+docker exec "$head" bash -c 'rm -rf /tmp/bench-job && mkdir /tmp/bench-job'
+for f in $(PYTHONPATH=python/src $BIN/python -c 'from dscluster.jobs import SMOKE_JOB_FILES; print(*SMOKE_JOB_FILES)'); do
+  docker cp "$jobs/$f" "$head:/tmp/bench-job/$f"
+done
 sdist=$(ls "$CACHE"/wheelhouse/*/src/deepspeed-*.tar.gz | head -1)
 docker cp "$sdist" "$head:/tmp/"
 docker exec "$head" bash -euc '
@@ -179,13 +183,13 @@ docker exec "$head" bash -euc '
 run_one() {  # venv, label
   docker exec -e MASTER_ADDR=127.0.0.1 -e MASTER_PORT=29610 -e RANK=0 -e WORLD_SIZE=1 -e LOCAL_RANK=0 \
     -e TORCH_EXTENSIONS_DIR=/tmp/bench-ext -e PATH="$1/bin:/usr/bin:/bin" "$head" \
-    bash -c "cd /tmp && $1/bin/python bench_job.py --zero 2 --steps 5 --report /tmp/bench-$2.json --allreduce-mb 1 --launch-time \$(date +%s.%N)" \
+    bash -c "cd /tmp/bench-job && $1/bin/python smoke_job.py --zero 2 --steps 5 --report /tmp/bench-$2.json --allreduce-mb 1 --launch-time \$(date +%s.%N)" \
     >"$OUT/$stamp-latency-$2.log" 2>&1
   docker exec "$head" python3 -c "import json; print(round(json.load(open('/tmp/bench-$2.json'))['ranks'][0]['first_step_s'], 1))"
 }
 R[first_step_prebuilt_s]=$(run_one /opt/dscluster/venv prebuilt)
 R[first_step_jit_s]=$(run_one /opt/bench-jit jit)
-docker exec "$head" rm -rf /opt/bench-jit /tmp/bench-ext
+docker exec "$head" rm -rf /opt/bench-jit /tmp/bench-ext /tmp/bench-job
 
 R[calibrate_ms_at_end]=$($BIN/python scripts/bench_cpu.py calibrate-ms)
 {

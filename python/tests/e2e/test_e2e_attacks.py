@@ -10,9 +10,12 @@ the cluster provisioned clean again in a finally, for the modules after this one
 from __future__ import annotations
 
 import pathlib
+import shutil
 import subprocess
 
 import pytest
+
+from dscluster.jobs import SMOKE_JOB_FILES
 
 from .e2e_cluster import NAME, docker, dsc
 
@@ -260,7 +263,7 @@ def test_a_copied_cluster_key_logs_in_only_from_the_cluster(
 
 
 def test_a_predictable_temp_dir_made_first_by_another_user_is_refused(
-    provisioned: pathlib.Path,
+    provisioned: pathlib.Path, tmp_path: pathlib.Path
 ):
     """smoke_job's default --nvme-dir is /tmp/dscluster-nvme-<uid>, a name any local user can
     make first (here `nobody`, mode 0777, on one node) to read or swap what DeepSpeed pages out.
@@ -271,11 +274,17 @@ def test_a_predictable_temp_dir_made_first_by_another_user_is_refused(
     made = on(N2, f"{plant} && echo {planted}")
     assert made.returncode == 0, made.stderr
     path = made.stdout.strip()
-    job = pathlib.Path(__file__).resolve().parents[2] / "src/dscluster/jobs/smoke_job.py"
+    # The job's files as `dscluster smoke` stages them: the entry script and its modules.
+    jobs = pathlib.Path(__file__).resolve().parents[2] / "src/dscluster/jobs"
+    job = tmp_path / "smoke-job"
+    job.mkdir()
+    for name in SMOKE_JOB_FILES:
+        shutil.copyfile(jobs / name, job / name)
     try:
         proc = dsc(
             "launch", "-i", str(provisioned), "--launcher", "deepspeed", "--no-doctor",
-            "--master-port", "29523", "--timeout", "180", "--", str(job),
+            "--master-port", "29523", "--timeout", "180", "--workdir", str(job), "--",
+            "smoke_job.py",
             "--zero", "3", "--offload", "nvme", "--steps", "2", "--report", "r.json", timeout=400,
         )  # fmt: skip
         assert proc.returncode != 0

@@ -21,6 +21,8 @@ import hostlist
 import pytest
 import yaml
 
+from dscluster.jobs import SMOKE_JOB_FILES
+
 from .. import rolefiles
 from .e2e_cluster import NAME, NODES, docker, dsc
 
@@ -210,8 +212,10 @@ def test_generated_sbatch_script_runs_the_deepspeed_job(
     try:
         docker("exec", HEAD, "install", "-d", "-o", "ds", "-m", "0755", job_dir)
         docker("cp", str(script), f"{HEAD}:{job_dir}/job.sbatch")
-        docker("cp", str(JOBS / "smoke_job.py"), f"{HEAD}:{job_dir}/smoke_job.py")
-        docker("exec", HEAD, "chown", "ds", f"{job_dir}/job.sbatch", f"{job_dir}/smoke_job.py")
+        staged = [f"{job_dir}/{name}" for name in SMOKE_JOB_FILES]  # the job and its modules
+        for name, there in zip(SMOKE_JOB_FILES, staged, strict=True):
+            docker("cp", str(JOBS / name), f"{HEAD}:{there}")
+        docker("exec", HEAD, "chown", "ds", f"{job_dir}/job.sbatch", *staged)
         state = submit_and_wait(f"{job_dir}/job.sbatch", timeout=400)
         output = on_head("bash", "-c", f"cat {job_dir}/*.out").stdout
         assert state == ("COMPLETED", "0:0"), f"{state}\n{output[-3000:]}"

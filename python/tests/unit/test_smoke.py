@@ -1,10 +1,14 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import io
 import os
 import pathlib
 import stat
+import subprocess
+import sys
+import tarfile
 
 import pytest
 from PIL import Image
@@ -13,7 +17,10 @@ from rich.console import Console
 from dscluster import cli
 from dscluster.cli.flags import zero_stages
 from dscluster.errors import DsclusterError
-from dscluster.jobs import smoke_job
+from dscluster.inventory import load
+from dscluster.jobs import SMOKE_JOB_FILES, smoke_checks, smoke_job
+from dscluster.launch import run as launch_run
+from dscluster.launch import workdir
 from dscluster.smoke import (
     config_table,
     find_stragglers,
@@ -25,7 +32,7 @@ from dscluster.smoke import (
     report_stragglers,
 )
 from dscluster.smoke.figure import build_figure, render_png, write_png
-from dscluster.smoke.run import _failure_line
+from dscluster.smoke.run import _failure_line, run_smoke
 
 
 def test_lost_nodes_from_launcher_log():
@@ -88,13 +95,70 @@ def test_job_accepts_what_run_smoke_passes():
         smoke_job.parse_args(["--zero", "4", "--report", "r"])
 
 
+class Staged(Exception):
+    """Raised by the playbook stand-in once it has unpacked the job: nothing runs further."""
+
+
+def test_the_staged_job_runs_from_its_directory_without_dscluster(
+    tmp_path, inventory_dir, monkeypatch
+):
+    """The smoke job as launch.yml unpacks it on the nodes (run_smoke's job tarball): the entry
+    script and every module it imports, side by side, nothing of dscluster among their imports.
+    Run from there (and from this package's jobs/, as the e2e tests do) by a Python with its
+    standard library only (-S: no site-packages, so no dscluster and no torch, which the job
+    imports after its arguments), `--help` answers."""
+    unpacked = tmp_path / "unpacked"
+
+    def fake_playbook(playbook, inv, *, extravars, **kw):
+        tar_path = pathlib.Path(extravars["launch_stage_dir"]) / extravars["launch_job_tar"]
+        with tarfile.open(tar_path) as tar:
+            tar.extractall(unpacked, filter="tar")
+        raise Staged
+
+    monkeypatch.setattr(launch_run, "run_playbook", fake_playbook)
+    with pytest.raises(Staged):
+        run_smoke(load(inventory_dir), console=Console(file=io.StringIO()))
+    (job,) = unpacked.iterdir()
+    here = pathlib.Path(smoke_job.__file__).parent
+    staged = {p.name for p in job.glob("*.py")}
+    assert set(SMOKE_JOB_FILES) <= staged and SMOKE_JOB_FILES[0] == "smoke_job.py"
+    assert staged - set(SMOKE_JOB_FILES) <= workdir.JOB_FILE_NAMES  # the launcher's own
+    siblings = {name.removesuffix(".py") for name in SMOKE_JOB_FILES}
+    allowed = set(sys.stdlib_module_names) | {"torch", "deepspeed"} | siblings
+    for name in SMOKE_JOB_FILES:
+        assert (job / name).read_bytes() == (here / name).read_bytes()
+        for node in ast.walk(ast.parse((job / name).read_text())):
+            if isinstance(node, ast.Import):
+                roots = {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                relative = node.level or not node.module
+                roots = {a.name for a in node.names} if relative else {node.module.split(".")[0]}
+            else:
+                continue
+            assert roots <= allowed, f"{name}: {ast.unparse(node)}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    bare = [sys.executable, "-E", "-s", "-S"]
+    nothing = subprocess.run(
+        [*bare, "-c", "import dscluster"], cwd=tmp_path, env=env, capture_output=True, check=False
+    )
+    assert nothing.returncode != 0 and b"No module named 'dscluster'" in nothing.stderr
+    for where in (job, here):
+        proc = subprocess.run(
+            [*bare, str(where / "smoke_job.py"), "--help"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith("usage: smoke_job.py "), proc.stdout
+        assert "--straggler-factor" in proc.stdout and proc.stderr == ""
+
+
 def names(configs):
     return [(c["name"], c.get("skip", "")) for c in configs]
 
 
 def test_plan_configs_without_offload_runs_each_stage_once():
-    assert names(smoke_job.plan_configs([2], "none")) == [("zero2", "")]
-    assert names(smoke_job.plan_configs([1, 2, 3], "none")) == [
+    assert names(smoke_checks.plan_configs([2], "none")) == [("zero2", "")]
+    assert names(smoke_checks.plan_configs([1, 2, 3], "none")) == [
         ("zero1", ""),
         ("zero2", ""),
         ("zero3", ""),
@@ -102,55 +166,55 @@ def test_plan_configs_without_offload_runs_each_stage_once():
 
 
 def test_plan_configs_cpu_offload_on_every_zero_stage():
-    plan = smoke_job.plan_configs([1, 2, 3], "cpu")
+    plan = smoke_checks.plan_configs([1, 2, 3], "cpu")
     assert [c["name"] for c in plan] == ["zero1", "zero1+cpu", "zero2", "zero2+cpu", "zero3",
                                          "zero3+cpu"]  # fmt: skip
     assert not any(c.get("skip") for c in plan)
-    assert "skip" in smoke_job.plan_configs([0], "cpu")[1]
+    assert "skip" in smoke_checks.plan_configs([0], "cpu")[1]
 
 
 def test_plan_configs_nvme_only_zero3_and_only_where_async_io_is_usable():
     good = {"n1": {"usable": True, "reason": "pre-built"}, "n2": {"usable": True}}
-    plan = smoke_job.plan_configs([1, 2, 3], "nvme", good)
+    plan = smoke_checks.plan_configs([1, 2, 3], "nvme", good)
     skipped = {c["name"]: c.get("skip", "") for c in plan}
     assert list(skipped) == ["zero1", "zero1+nvme", "zero2", "zero2+nvme", "zero3", "zero3+nvme"]
     assert "needs ZeRO-3" in skipped["zero1+nvme"] and "needs ZeRO-3" in skipped["zero2+nvme"]
     assert skipped["zero3+nvme"] == "" and skipped["zero3"] == ""
 
     bad = {**good, "n2": {"usable": False, "reason": "async_io is not pre-built"}}
-    zero3 = smoke_job.plan_configs([3], "nvme", bad)
+    zero3 = smoke_checks.plan_configs([3], "nvme", bad)
     assert zero3[1]["skip"] == "async_io op not usable on n2: async_io is not pre-built"
-    assert "unknown" in smoke_job.plan_configs([3], "nvme", None)[1]["skip"]
+    assert "unknown" in smoke_checks.plan_configs([3], "nvme", None)[1]["skip"]
     why = "pre-built async_io fails to load: undefined symbol: io_submit"
     same = {h: {"usable": False, "reason": why} for h in ("n1", "n2", "n3")}
-    assert smoke_job.plan_configs([3], "nvme", same)[1]["skip"] == (
+    assert smoke_checks.plan_configs([3], "nvme", same)[1]["skip"] == (
         f"async_io op not usable on n1, n2, n3: {why}"
     )
 
 
 def test_ds_config_offload_blocks():
-    plain = smoke_job.ds_config(2, "none", "/tmp/n", bf16=False)
+    plain = smoke_checks.ds_config(2, "none", "/tmp/n", bf16=False)
     assert plain["zero_optimization"] == {"stage": 2}
-    cpu3 = smoke_job.ds_config(3, "cpu", "/tmp/n", bf16=False)["zero_optimization"]
+    cpu3 = smoke_checks.ds_config(3, "cpu", "/tmp/n", bf16=False)["zero_optimization"]
     assert cpu3["offload_optimizer"]["device"] == cpu3["offload_param"]["device"] == "cpu"
     assert cpu3["stage3_param_persistence_threshold"] == 0
-    cpu1 = smoke_job.ds_config(1, "cpu", "/tmp/n", bf16=False)["zero_optimization"]
+    cpu1 = smoke_checks.ds_config(1, "cpu", "/tmp/n", bf16=False)["zero_optimization"]
     assert "offload_param" not in cpu1  # ZeRO-3 only
-    nvme = smoke_job.ds_config(3, "nvme", "/tmp/n", bf16=True)
+    nvme = smoke_checks.ds_config(3, "nvme", "/tmp/n", bf16=True)
     zero = nvme["zero_optimization"]
     assert zero["offload_optimizer"]["nvme_path"] == zero["offload_param"]["nvme_path"] == "/tmp/n"
     assert nvme["bf16"] == {"enabled": True}
 
 
 def test_node_leaders_first_rank_per_host():
-    assert smoke_job.node_leaders(["a", "a", "b", "c", "c"]) == (["a", "b", "c"], [0, 2, 3])
-    assert smoke_job.node_leaders(["a"]) == (["a"], [0])
+    assert smoke_checks.node_leaders(["a", "a", "b", "c", "c"]) == (["a", "b", "c"], [0, 2, 3])
+    assert smoke_checks.node_leaders(["a"]) == (["a"], [0])
 
 
 def test_faster_pass_keeps_each_directions_best_and_what_either_measured():
     first = [[None, 2.1, 0.4], [2.0, None, None], [1.9, 1.0, None]]
     second = [[None, 1.2, 2.2], [2.3, None, 0.9], [None, 0.8, None]]
-    assert smoke_job.faster_pass(first, second) == [
+    assert smoke_checks.faster_pass(first, second) == [
         [None, 2.1, 2.2], [2.3, None, 0.9], [1.9, 1.0, None]
     ]  # fmt: skip
     # A link slowed for one pass is healthy; slow in both, it stays slow (a straggler).
@@ -160,8 +224,8 @@ def test_faster_pass_keeps_each_directions_best_and_what_either_measured():
     calm = [[None, 2.0, 2.0, 2.0], [2.0, None, 2.1, 2.0], [2.0, 2.1, None, 2.0],
             [2.0, 2.0, 2.0, None]]  # fmt: skip
     assert [s.nodes for s in find_stragglers(hosts, busy, {})] == [("b", "c")]
-    assert find_stragglers(hosts, smoke_job.faster_pass(busy, calm), {}) == []
-    assert [s.nodes for s in find_stragglers(hosts, smoke_job.faster_pass(busy, busy), {})] == [
+    assert find_stragglers(hosts, smoke_checks.faster_pass(busy, calm), {}) == []
+    assert [s.nodes for s in find_stragglers(hosts, smoke_checks.faster_pass(busy, busy), {})] == [
         ("b", "c")
     ]
 
@@ -170,42 +234,42 @@ def test_recheck_plan_measures_everything_again_once_the_rules_would_name_a_stra
     mib8 = 8 << 20
 
     def plan(gbps, factor=2):
-        return smoke_job.recheck_plan(gbps, factor=factor, nbytes=mib8, iters=5)
+        return smoke_checks.recheck_plan(gbps, factor=factor, nbytes=mib8, iters=5)
 
     hosts = ["a", "b", "c"]
     healthy = [[None, 2.0, 2.1], [1.9, None, 2.2], [2.0, 1.8, None]]
-    assert smoke_job.suspects(healthy, 2) == [] and plan(healthy) == []
+    assert smoke_checks.suspects(healthy, 2) == [] and plan(healthy) == []
     # One direction caught by a busy moment in both passes, its link below the median link / 2
     # (0.84 < 1.8 / 2): every direction measured again before the link is named, each for
     # ~1 s at the speed it showed (0.84 GB/s x 1 s / 8 MiB = 101 messages).
     busy = [[None, 0.84, 2.1], [1.9, None, 2.2], [2.0, 1.8, None]]
-    assert smoke_job.suspects(busy, 2) == [(0, 1)]
+    assert smoke_checks.suspects(busy, 2) == [(0, 1)]
     assert [s.nodes for s in find_stragglers(hosts, busy, {})] == [("a", "b")]
     assert plan(busy) == [(0, 1, 101), (0, 2, 251), (1, 0, 227), (1, 2, 263), (2, 0, 239),
                           (2, 1, 215)]  # fmt: skip
     # Exactly at the fastest / factor is not suspect (as find_stragglers' boundary).
     edge = [[None, 1.1, 2.1], [1.9, None, 2.2], [2.0, 1.8, None]]
-    assert smoke_job.suspects(edge, 2) == [] and plan(edge) == []
+    assert smoke_checks.suspects(edge, 2) == [] and plan(edge) == []
     # A node behind a 200 Mbit/s limit: its own directions are the suspects, at `iters`
     # messages (every one is slow: 8 MiB at 0.025 GB/s is 0.34 s); a bigger factor lets it be.
     tc = [[None, 2.0, 2.1], [1.9, None, 2.2], [0.025, 0.024, None]]
-    assert smoke_job.suspects(tc, 2) == [(2, 0), (2, 1)]
+    assert smoke_checks.suspects(tc, 2) == [(2, 0), (2, 1)]
     assert [(i, j, n) for i, j, n in plan(tc) if i == 2] == [(2, 0, 5), (2, 1, 5)]
     assert plan(tc, factor=100) == []
     # Whatever the straggler rules can name has a suspect: a node slow both ways (the median
     # direction slow too) has every one of its directions below the fastest / factor.
     both = [[None, 2.0, 0.4], [2.0, None, 0.4], [0.4, 0.4, None]]
     assert [s.nodes for s in find_stragglers(hosts, both, {})] == [("c",)]
-    assert set(smoke_job.suspects(both, 2)) == {(0, 2), (1, 2), (2, 0), (2, 1)}
+    assert set(smoke_checks.suspects(both, 2)) == {(0, 2), (1, 2), (2, 0), (2, 1)}
     # A suspect the straggler rules do not name is not measured again: it would only raise
     # figures, and the report names nothing (a busy host's 3-node run: n3 -> n2 below the
     # fastest / 2, every link above the median link / 2 and every node above its median / 2).
     real = [[None, 3.49, 2.2], [2.3, None, 3.37], [2.65, 1.66, None]]
-    assert smoke_job.suspects(real, 2) == [(2, 1)] and plan(real) == []
+    assert smoke_checks.suspects(real, 2) == [(2, 1)] and plan(real) == []
     assert find_stragglers(hosts, real, {}) == []
     # Two nodes: one link, shared by both, so bandwidth names neither and nothing is rechecked.
     two = [[None, 3.0], [1.0, None]]
-    assert smoke_job.suspects(two, 2) == [(1, 0)] and plan(two) == []
+    assert smoke_checks.suspects(two, 2) == [(1, 0)] and plan(two) == []
     # Many directions share the budget (10 s): 72 of them get 10/72 s each, never below iters
     # (one link, 2 <-> 3, slow enough to be named).
     n = 9
@@ -222,8 +286,8 @@ def test_recheck_plan_measures_everything_again_once_the_rules_would_name_a_stra
     assert {c for _, _, c in plan(tiny)} == {5}
     # At most RECHECK_MAX_ITERS messages however fast the direction looked.
     fast = [[None, 50.0, 50.0], [50.0, None, 1.0], [50.0, 50.0, None]]
-    assert plan(fast)[0] == (0, 1, smoke_job.RECHECK_MAX_ITERS) and (1, 2, 120) in plan(fast)
-    assert plan([[None]]) == [] and smoke_job.suspects([[None]], 2) == []
+    assert plan(fast)[0] == (0, 1, smoke_checks.RECHECK_MAX_ITERS) and (1, 2, 120) in plan(fast)
+    assert plan([[None]]) == [] and smoke_checks.suspects([[None]], 2) == []
 
 
 # --- stragglers -----------------------------------------------------------------------------
@@ -427,18 +491,18 @@ def test_the_default_nvme_dir_is_a_private_one_another_user_cannot_plant(tmp_pat
     default = smoke_job.parse_args(["--report", "r.json"]).nvme_dir
     assert default.endswith(f"dscluster-nvme-{os.getuid()}") and "/tmp" in default
     mine = tmp_path / "mine"
-    smoke_job.private_dir(str(mine))
+    smoke_checks.private_dir(str(mine))
     assert stat.S_IMODE(mine.stat().st_mode) == 0o700
-    smoke_job.private_dir(str(mine))  # again: kept
+    smoke_checks.private_dir(str(mine))  # again: kept
     target = tmp_path / "victim"
     target.mkdir()
     link = tmp_path / "planted-link"
     link.symlink_to(target)
     with pytest.raises(SystemExit, match="is a symbolic link; remove it"):
-        smoke_job.private_dir(str(link))
+        smoke_checks.private_dir(str(link))
     if os.getuid() == 0:
         foreign = tmp_path / "planted-dir"
         foreign.mkdir(mode=0o777)
         os.chown(foreign, 65534, 65534)
         with pytest.raises(SystemExit, match=r"not a directory of this user's \(uid 65534\)"):
-            smoke_job.private_dir(str(foreign))
+            smoke_checks.private_dir(str(foreign))

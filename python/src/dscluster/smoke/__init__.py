@@ -2,20 +2,21 @@
 
 The job goes through `dscluster launch`'s path (launch/, playbooks/smoke.yml = launch.yml)
 with any of its launchers: deepspeed (pdsh), torchrun (c10d) or mpi (mpirun). One launch runs
-the whole matrix of ZeRO stages x offload (jobs/smoke_job.py) and a pairwise bandwidth pass;
-the straggler maths here is pure and runs on the controller over the job's report.
+the whole matrix of ZeRO stages x offload (jobs/smoke_job.py, with the modules staged beside it:
+jobs.SMOKE_JOB_FILES) and a pairwise bandwidth pass; the straggler maths here is pure and runs
+on the controller over the job's report.
 
 stragglers.py: the straggler maths (pure; the bandwidth rules are the job's own,
-jobs/smoke_job.py, which asks them before measuring again); run.py: staging, launching and
-checking the job; tables.py: the report's tables; figure.py: its PNG (matplotlib, loaded only
-to draw).
+jobs/smoke_checks.py, which the job asks before measuring again); run.py: staging, launching
+and checking the job; tables.py: the report's tables; figure.py: its PNG (matplotlib, loaded
+only to draw).
 """
 
 from __future__ import annotations
 
-from ..jobs.smoke_job import link_bandwidths
+from ..jobs.smoke_checks import link_bandwidths
 from ..launch import lost_nodes
-from .run import job_source, run_smoke
+from .run import job_sources, run_smoke
 from .stragglers import (
     DEFAULT_STRAGGLER_FACTOR,
     Straggler,
@@ -33,7 +34,7 @@ __all__ = [
     "configs_label",
     "find_stragglers",
     "host_step_times",
-    "job_source",
+    "job_sources",
     "link_bandwidths",
     "link_table",
     "lost_nodes",

@@ -16,6 +16,7 @@ from .. import storage
 from ..dsconfig import OFFLOADS, ZERO_STAGES, auto_keys
 from ..errors import DsclusterError
 from ..inventory import DEFAULT_MASTER_PORT, Inventory
+from ..jobs import SMOKE_JOB_FILES
 from ..launch import (
     LAUNCH_TIME,
     lost_nodes,
@@ -29,8 +30,11 @@ from ..validate import read_text
 from .stragglers import DEFAULT_STRAGGLER_FACTOR, report_stragglers
 
 
-def job_source() -> pathlib.Path:
-    return pathlib.Path(str(resources.files("dscluster.jobs") / "smoke_job.py"))
+def job_sources() -> dict[str, pathlib.Path]:
+    """The smoke job's files, name in the job directory -> this package's copy: the entry
+    script and the modules it imports from beside it (jobs.SMOKE_JOB_FILES)."""
+    jobs = resources.files("dscluster.jobs")
+    return {name: pathlib.Path(str(jobs / name)) for name in SMOKE_JOB_FILES}
 
 
 def run_smoke(  # noqa: C901, PLR0912, PLR0913, PLR0915 - the smoke command's options and its one staged flow
@@ -57,7 +61,7 @@ def run_smoke(  # noqa: C901, PLR0912, PLR0913, PLR0915 - the smoke command's op
     instead of the ZeRO matrix, and also saves a checkpoint in dscluster_checkpoint_dir with
     the file's checkpoint settings, loads it back and compares the weights."""
     console = console or Console(stderr=True)
-    staged: dict[str, pathlib.Path] = {"smoke_job.py": job_source()}
+    staged = job_sources()
     if ds_config is not None:
         staged["ds_config.json"] = checked_ds_config(ds_config)
     paths = storage.inventory_paths(inv)

@@ -11,7 +11,7 @@ from ..errors import DsclusterError
 
 # The bandwidth rules live in the smoke job (it asks them before measuring again, on the
 # nodes, where nothing of dscluster is installed); the report names what they name.
-from ..jobs.smoke_job import bandwidth_stragglers
+from ..jobs.smoke_checks import bandwidth_stragglers
 
 DEFAULT_STRAGGLER_FACTOR = 2.0
 
@@ -56,7 +56,7 @@ def find_stragglers(
 ) -> list[Straggler]:
     """Links and nodes slower than the median by more than `factor`.
 
-    - the bandwidth rules (smoke_job.bandwidth_stragglers): a node whose median link
+    - the bandwidth rules (smoke_checks.bandwidth_stragglers): a node whose median link
       bandwidth is below the median of the nodes' medians / factor; a link below the median
       link bandwidth / factor, unless one of its nodes is named already;
     - a node whose mean step time (step_s: host -> seconds) is above the median * factor.
