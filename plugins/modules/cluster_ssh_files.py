@@ -48,7 +48,7 @@ options:
   line:
     description:
       - Make I(line) (path, line, match, owner, group, mode) the one line of a file that holds
-        I(match) (a word, or words, of the line): the first line holding it is replaced, any
+        I(match), a word or words of the line. The first line holding it is replaced, any
         other line holding it removed, and the line appended where none holds it. Other lines
         are kept as they are. The file is made where it is missing.
     type: dict

@@ -4,12 +4,15 @@ Role-shipped Python (detectors, recorders, installers) is not part of the dsclus
 it runs on nodes with the system python3. The tests import the very files the roles install.
 
     rolefiles.load("efa", "efa_fi_info.py")       -> module (also *.fact scripts)
+    rolefiles.load_plugin("pdsh_info")           -> plugins/modules/pdsh_info.py, with this
+                                                    clone's plugins/module_utils
     rolefiles.path("ml_stack", "files/wheelhouse_lock.py")
     rolefiles.REPO / "docker" / "training"
 """
 
 from __future__ import annotations
 
+import base64
 import importlib.machinery
 import importlib.util
 import json
@@ -32,7 +35,34 @@ def path(role: str, rel: str = "") -> pathlib.Path:
 def load(role: str, filename: str) -> types.ModuleType:
     """Import roles/<role>/files/<filename> (a .py or a .fact script) as a module."""
     file = path(role, f"files/{filename}")
-    name = f"dscluster_role_{role}_{file.name.replace('.', '_')}"
+    return _load_file(f"dscluster_role_{role}_{file.name.replace('.', '_')}", file)
+
+
+def load_util(name: str) -> types.ModuleType:
+    """Import plugins/module_utils/<name>.py (the collection's helpers shared by its modules)."""
+    file = REPO / "plugins" / "module_utils" / f"{name}.py"
+    return _load_file(f"dscluster_module_utils_{name}", file)
+
+
+def load_plugin(name: str) -> types.ModuleType:
+    """Import plugins/modules/<name>.py as Ansible would run it from this clone: its
+    `from ansible.module_utils import X` gets this clone's plugins/module_utils/X.py (as
+    ansible.cfg's module_utils gives it), never an installed collection's."""
+    file = REPO / "plugins" / "modules" / f"{name}.py"
+    utils = sorted((REPO / "plugins" / "module_utils").glob("*.py"))
+    names = [f"ansible.module_utils.{u.stem}" for u in utils]
+    saved = {n: sys.modules[n] for n in names if n in sys.modules}
+    try:
+        for n, u in zip(names, utils, strict=True):
+            sys.modules[n] = _load_file(n, u)
+        return _load_file(f"dscluster_module_{name}", file)
+    finally:
+        for n in names:
+            sys.modules.pop(n, None)
+        sys.modules.update(saved)
+
+
+def _load_file(name: str, file: pathlib.Path) -> types.ModuleType:
     loader = importlib.machinery.SourceFileLoader(name, str(file))
     spec = importlib.util.spec_from_loader(name, loader)
     assert spec is not None, file
@@ -85,6 +115,34 @@ def run_local_play(
     )
     out = proc.stdout + proc.stderr
     return proc.returncode, next(tagged(out, tag), None), out
+
+
+def run_info_modules(extravars: Mapping) -> tuple[int, dict, str]:
+    """tests/unit/playbooks/node_info.yml on localhost: the collection's *_info modules (this
+    clone's plugins/modules and module_utils) each run with the options extravars gives it
+    (`ssh`, `pdsh`, `base`), once and again in check mode; the rc, every task's result by
+    name (ssh, ssh_checked, pdsh, ...) and the output."""
+    env = {
+        **os.environ,
+        "ANSIBLE_LIBRARY": str(REPO / "plugins" / "modules"),
+        "ANSIBLE_MODULE_UTILS": str(REPO / "plugins" / "module_utils"),
+    }
+    playbook = pathlib.Path(__file__).parent / "unit" / "playbooks" / "node_info.yml"
+    more = {"ansible_python_interpreter": sys.executable, **extravars}
+    rc, result, out = run_local_play(playbook, more, "RESULT", env=env)
+    assert result is not None, out[-3000:]
+    return rc, json.loads(base64.b64decode(result["b64"])), out
+
+
+def info_state(key: str, request: Mapping) -> dict:
+    """The `state` one *_info module returns for request (key: ssh, pdsh or base), checked:
+    the run succeeded, changed nothing, and read the same in check mode."""
+    rc, result, out = run_info_modules({key: request})
+    assert rc == 0, out[-3000:]
+    run, checked = result[key], result[f"{key}_checked"]
+    assert run["failed"] is False and run["changed"] is False, run
+    assert checked["changed"] is False and checked["state"] == run["state"], checked
+    return run["state"]
 
 
 def tagged(out: str, tag: str) -> Iterator[dict]:

@@ -1,5 +1,6 @@
-"""roles/pdsh/files/pdsh_state.py, as the pdsh role runs it (python3 -c <file> '<json>'):
-the packages dpkg lists as installed, and how the rcmd file and its directory read."""
+"""plugins/modules/pdsh_info.py, as the pdsh role runs it (the module, through Ansible, and
+in check mode the same) and its reading called directly: the packages dpkg lists as
+installed, and how the rcmd file and its directory read."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ import os
 
 from tests import rolefiles
 
+pdsh_info = rolefiles.load_plugin("pdsh_info")
+
 
 def read(request: dict) -> dict:
-    return rolefiles.run_inline("pdsh", "pdsh_state.py", request)
+    state = rolefiles.info_state("pdsh", request)
+    assert pdsh_info.read_state(request["packages"], request["rcmd_file"]) == state
+    return state
 
 
 def test_rcmd_file_and_directory_read_as_copy_compares(tmp_path):
