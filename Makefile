@@ -34,12 +34,9 @@ INV_PATH = $(if $(wildcard $(INV)/hosts.yml)$(wildcard $(INV)),$(INV),$(INVENTOR
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[1m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-# uv (pinned in the lock) installs the lock: about 41 s from its cache (~/.cache/uv) where pip
-# took about 83 s, most of it unpacking the ansible package's files one by one. Same set of
-# packages and versions; pip stays in the venv for users. --compile-bytecode, as pip does:
-# where PYTHONDONTWRITEBYTECODE is set (this machine sets it) nothing is compiled later, and
-# every ansible-playbook and dscluster process compiled its imports again (a warm make test
-# without it: 4869 CPU-seconds over the lanes against 3657).
+# uv (pinned in the lock) installs the lock, much faster than pip, which stays in the venv for
+# users. --compile-bytecode, as pip does: where PYTHONDONTWRITEBYTECODE is set nothing is
+# compiled later, and every ansible-playbook and dscluster process would compile its imports.
 $(BIN)/dscluster: python/pyproject.toml python/requirements-dev.lock
 	$(PYTHON) -m venv $(VENV)
 	awk '/^uv==/ {p = 1} p {print} p && !/\\$$/ {exit}' python/requirements-dev.lock >$(VENV)/uv.lock.txt
@@ -193,9 +190,8 @@ test: images ## Everything: the wheelhouse, then lint and three lanes side by si
 	  $(MAKE) --no-print-directory -j4 --output-sync=target lint-lane unit-installed molecule-serial e2e-cluster NICE="nice -n 10" LANE_T0=$$t0; \
 	  rc=$$?; $(BIN)/python scripts/bench_cpu.py since "$$cpu0" "$$t0"; $(BIN)/python scripts/bench_cpu.py calibrate; exit $$rc
 
-# Lint beside the lanes, niced: before them it held both cores for one (about 100 s of
-# ansible-lint and a cold mypy on one core, the other idle); beside them it costs the lanes
-# about half that. A failure still fails make test, when the lanes have ended.
+# Lint beside the lanes, niced: before them it would hold one core while the other idles.
+# A failure still fails make test, when the lanes have ended.
 .PHONY: lint-lane
 lint-lane: venv
 	@$(NICE) $(MAKE) --no-print-directory lint
@@ -213,8 +209,7 @@ wheelhouse: images ## The controller's wheelhouse (torch + DeepSpeed with its op
 
 # Lane 1: the unit tests, the installed-package test (a venv, a 2-node cluster), the role
 # scenarios, then e2e-own. Lane 2 (molecule-serial): accelerators and storage, then
-# e2e-second. Lane 3: e2e-cluster. (e2e-own ended lane 2, the longest: 3154 s against lane 1's
-# 2262 s and lane 3's 2955 s in the cold run of 20ce170.)
+# e2e-second. Lane 3: e2e-cluster. e2e-own sits in lane 1 to even out the lanes' lengths.
 .PHONY: unit-installed
 unit-installed: images
 	@$(MAKE) --no-print-directory unit
