@@ -42,7 +42,7 @@ from .deepspeed_env import check_env_value, parse_env_file, render_env
 from .errors import DsclusterError
 from .inventory import DEFAULT_MASTER_PORT, master_port_var, plain_var
 from .launch import accelerate
-from .launch.render import check_deepspeed_args, render_deepspeed_rank_wrapper
+from .launch.launchers.deepspeed import check_deepspeed_args, render_deepspeed_rank_wrapper
 from .launch_env import SYSTEM_PATH
 from .storage import SOURCE_SECRETS
 from .util import atomic_write

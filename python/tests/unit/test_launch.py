@@ -4,6 +4,7 @@ hostfile, heterogeneous slots, quoting, one-line errors."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import pathlib
 import shlex
@@ -23,6 +24,8 @@ from dscluster.hostfile import render_hostfile
 from dscluster.jobs import launch_watch
 from dscluster.launch import (
     LAUNCH_TIME,
+    JobSite,
+    LaunchRequest,
     accelerate,
     build_plan,
     lost_nodes,
@@ -50,7 +53,8 @@ def plan(launcher: str, program=("train.py", "--lr", "0.1"), **kw):
         "program": list(program),
     }
     args.update(kw)
-    return build_plan(**args)
+    site = {f.name: args.pop(f.name) for f in dataclasses.fields(JobSite) if f.name in args}
+    return build_plan(LaunchRequest(**args), JobSite(**site))
 
 
 # --- DeepSpeed's include/exclude semantics (deepspeed/launcher/runner.py) ---------------------

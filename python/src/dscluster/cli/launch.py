@@ -128,7 +128,7 @@ def _failure(failure: ScriptFailure, err: Console) -> str:
 def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
     from ..doctor import preflight  # noqa: PLC0415
     from ..inventory import load, master_port  # noqa: PLC0415
-    from ..launch import launch  # noqa: PLC0415
+    from ..launch import LaunchRequest, launch  # noqa: PLC0415
     from ..launch.modes import plan_options  # noqa: PLC0415
 
     program = flags.after_dashes(args.program)
@@ -136,26 +136,30 @@ def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
         raise DsclusterError("no script to run; put it after '--': dscluster launch -- train.py")
     inv = load(args.inventory)
     port = master_port(inv, args.master_port)
-    plan, result = launch(
-        inv,
+    mode, mode_files = plan_options(
+        args.launcher,
+        accelerate_config=args.accelerate_config,
+        accelerate_config_kind=args.accelerate_config_kind,
+        gaudi_spawn=args.gaudi_spawn,
+    )
+    request = LaunchRequest(
         launcher=args.launcher,
-        script=program[0],
-        args=program[1:],
-        stage=not args.no_stage,
-        workdir=args.workdir,
-        dry_run=args.dry_run,
-        timeout=args.timeout,
-        master_port=port,
+        program=program,
         include=args.include,
         exclude=args.exclude,
         num_nodes=args.num_nodes,
         num_gpus=args.num_gpus,
-        mode_options=plan_options(
-            args.launcher,
-            accelerate_config=args.accelerate_config,
-            accelerate_config_kind=args.accelerate_config_kind,
-            gaudi_spawn=args.gaudi_spawn,
-        ),
+        master_port=port,
+        **mode,
+    )
+    plan, result = launch(
+        inv,
+        request,
+        stage=not args.no_stage,
+        workdir=args.workdir,
+        dry_run=args.dry_run,
+        timeout=args.timeout,
+        mode_files=mode_files,
         out=out,
         console=err,
         preflight=preflight(inv, master_port=port, console=err, what="launch", skip=args.no_doctor),

@@ -3,10 +3,12 @@ torchrun (c10d rendezvous, one agent per node over pdsh), accelerate (one `accel
 per node over pdsh; accelerate.py: its config), OpenMPI's mpirun or optimum-habana's
 gaudi_spawn.py.
 
-select.py: resource selection; render.py: argv, hostfiles and the scripts staged with the job,
-per launcher, and the Plan; watch.py: which node a failed launch lost; run.py: `run_job`, the
-one place that does I/O: it stages the job through playbooks/launch.yml, which runs
-`launch.sh` on the head in the job directory with a bounded `timeout`. All pure but run.py.
+request.py: LaunchRequest (what a caller asks for) and JobSite (where the job runs);
+select.py: resource selection; launchers/: one module per launcher (its argv, hostfiles and
+the scripts staged with the job) behind launchers.TABLE; render.py: build_plan, the head's
+launch.sh and the Plan; watch.py: which node a failed launch lost; run.py: `run_job`, the one
+place that does I/O: it stages the job through playbooks/launch.yml, which runs `launch.sh` on
+the head in the job directory with a bounded `timeout`. All pure but run.py.
 
 `--include/--exclude/--num-nodes/--num-gpus` follow DeepSpeed's launcher
 (deepspeed/launcher/runner.py: parse_node_config, parse_resource_filter,
@@ -16,35 +18,33 @@ launcher gets them verbatim, torchrun and mpi get the hosts and slots they selec
 
 from __future__ import annotations
 
-from .render import (
-    DEEPSPEED_SAFE_ARG_RE,
-    DS_RANK_WRAPPER,
-    GAUDI_SPAWN_PORT,
+from .launchers import LAUNCHERS
+from .launchers.accelerate import accelerate_argv
+from .launchers.base import (
     LAUNCH_TIME,
-    LAUNCHERS,
-    LOST_NODE_GRACE,
-    PDSH_MAX_FAN_OUT,
     SSH_LIVENESS_ARGS,
     VISIBLE_DEVICES_ENV,
-    Plan,
     Raw,
-    accelerate_argv,
-    build_plan,
+    shell_join,
+    visible_devices,
+)
+from .launchers.deepspeed import (
+    DEEPSPEED_SAFE_ARG_RE,
+    DS_RANK_WRAPPER,
     check_deepspeed_args,
     deepspeed_argv,
-    gaudi_spawn_argv,
-    mpi_argv,
     render_deepspeed_rank_wrapper,
-    render_launch_script,
-    render_mpi_hostfile,
-    render_mpi_rank_wrapper,
+)
+from .launchers.gaudi_spawn import GAUDI_SPAWN_PORT, gaudi_spawn_argv
+from .launchers.mpi import mpi_argv, render_mpi_hostfile, render_mpi_rank_wrapper
+from .launchers.torchrun import (
+    PDSH_MAX_FAN_OUT,
     render_torchrun_node_script,
-    shell_join,
     torchrun_argv,
     torchrun_pdsh_argv,
-    visible_devices,
-    watch_source,
 )
+from .render import LOST_NODE_GRACE, Plan, build_plan, render_launch_script, watch_source
+from .request import JobSite, LaunchRequest
 from .run import (
     JobResult,
     describe,
@@ -72,6 +72,8 @@ __all__ = [
     "SSH_LIVENESS_ARGS",
     "VISIBLE_DEVICES_ENV",
     "JobResult",
+    "JobSite",
+    "LaunchRequest",
     "Plan",
     "Raw",
     "accelerate_argv",

@@ -1,6 +1,6 @@
 """The options that belong to one launch mode (--accelerate-config, --accelerate-config-kind,
 --gaudi-spawn): refused early when given to another mode or unusable, and turned into
-build_plan's keywords and the local files to stage with the job. Reads the local files only.
+LaunchRequest's fields and the local files to stage with the job. Reads the local files only.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def plan_options(
     accelerate_config_kind: str | None = None,
     gaudi_spawn: str | None = None,
 ) -> tuple[dict[str, str], dict[str, pathlib.Path]]:
-    """build_plan's keywords for the mode options, and the local files to stage (name ->
+    """LaunchRequest's fields for the mode options, and the local files to stage (name ->
     path): a local gaudi_spawn.py goes into the job directory as gaudi_spawn.py."""
     check_options(
         launcher,

@@ -15,12 +15,14 @@ from rich.console import Console
 
 from .. import storage
 from ..errors import DsclusterError
-from ..inventory import DEFAULT_MASTER_PORT, Inventory
+from ..inventory import Inventory
 from ..launch_files import LaunchFiles, render_launch_files
 from ..paths import cache_dir
 from ..runner import PlaybookResult, run_playbook
 from ..util import atomic_write, print_warnings, write_files
-from .render import Plan, build_plan, render_mpi_hostfile
+from .launchers.mpi import render_mpi_hostfile
+from .render import Plan, build_plan
+from .request import JobSite, LaunchRequest
 from .watch import ScriptFailure, lost_nodes, script_failure
 from .workdir import JOB_FILE_NAMES, JOB_TAR, Project, check_names, project_for, write_job_tar
 
@@ -33,20 +35,12 @@ def job_dir_for(inv: Inventory, run_id: str) -> str:
     return f"{storage.inventory_paths(inv).jobs_dir}/{run_id}"
 
 
-def plan_for(
-    inv: Inventory,
-    files: LaunchFiles,
-    *,
-    launcher: str,
-    run_id: str,
-    program: Sequence[str],
-    **filters,
-) -> Plan:
-    """build_plan from the inventory and its launch files (rendered, maybe not written)."""
+def plan_for(inv: Inventory, files: LaunchFiles, request: LaunchRequest, run_id: str) -> Plan:
+    """build_plan of `request` on the inventory and its launch files (rendered, maybe not
+    written)."""
     head_facts = files.facts[0]
     interfaces = {f.interface for f in files.facts}
-    return build_plan(
-        launcher=launcher,
+    site = JobSite(
         run_id=run_id,
         job_dir=job_dir_for(inv, run_id),
         head=inv.head,
@@ -55,10 +49,9 @@ def plan_for(
         accelerators={f.host: f.accelerator for f in files.facts},
         hostfile_text=files.hostfile_text,
         env_text=files.env_text,
-        program=program,
         interface=interfaces.pop() if len(interfaces) == 1 else "",
-        **filters,
     )
+    return build_plan(request, site)
 
 
 @dataclasses.dataclass
@@ -206,56 +199,39 @@ def program_for(script: str, args: Sequence[str], *, stage: bool) -> tuple[list[
     return [path.name, *args], {path.name: path}
 
 
-def launch(  # noqa: PLR0913 - the launch command's options, each a keyword
+def launch(  # noqa: PLR0913 - how the launch command runs its request, each a keyword
     inv: Inventory,
+    request: LaunchRequest,
     *,
-    launcher: str,
-    script: str,
-    args: Sequence[str],
     stage: bool = True,
     workdir: str | None = None,
     dry_run: bool = False,
     timeout: int = 3600,
-    master_port: int = DEFAULT_MASTER_PORT,
-    include: str = "",
-    exclude: str = "",
-    num_nodes: int | None = None,
-    num_gpus: int | None = None,
-    mode_options: tuple[Mapping[str, str], Mapping[str, pathlib.Path]] = ({}, {}),
+    mode_files: Mapping[str, pathlib.Path] | None = None,
     out: Console | None = None,
     console: Console | None = None,
     preflight: Callable[[], None] | None = None,
 ) -> tuple[Plan, JobResult | None]:
     """Plan, then (unless dry_run) write the launch files, run `preflight` (doctor) and the
     job. Everything is checked before anything is written; a dry run writes nothing.
-    workdir: the project directory shipped with the job and run in (the script relative
-    to it); without it, the script alone is staged (or run in place with stage=False).
-    mode_options: build_plan's keywords for the launcher's own options and the local files
-    they stage (launch.modes.plan_options)."""
+    request.program: the script and its args as given; workdir: the project directory
+    shipped with the job and run in (the script relative to it); without it, the script
+    alone is staged (or run in place with stage=False). mode_files: the local files the
+    launcher's own options stage (launch.modes.plan_options)."""
     out = out or Console()
     console = console or Console(stderr=True)
     files = render_launch_files(inv)
+    script, args = request.program[0], request.program[1:]
     project: Project | None = None
     if workdir is not None:
         project, rel = project_for(workdir, script)
         program, stage_files = [rel, *args], dict[str, pathlib.Path]()
     else:
         program, stage_files = program_for(script, args, stage=stage)
-    mode_kwargs, mode_files = mode_options
-    stage_files = {**stage_files, **mode_files}
-    plan = plan_for(
-        inv,
-        files,
-        launcher=launcher,
-        run_id=new_run_id("launch"),
-        program=program,
-        include=include,
-        exclude=exclude,
-        num_nodes=num_nodes,
-        num_gpus=num_gpus,
-        master_port=master_port,
-        **mode_kwargs,
-    )
+    stage_files = {**stage_files, **(mode_files or {})}
+    # The request's program as the job runs it, in its job directory.
+    staged = dataclasses.replace(request, program=program)
+    plan = plan_for(inv, files, staged, new_run_id("launch"))
     if project is not None:
         check_names(project, [*plan.files, *JOB_FILE_NAMES])
     print_warnings(console, files.warnings)
@@ -263,7 +239,7 @@ def launch(  # noqa: PLR0913 - the launch command's options, each a keyword
         shipped = f"# ships {project.describe()}\n" if project is not None else ""
         out.print(describe(plan) + shipped, markup=False, highlight=False, end="")
         return plan, None
-    mpi = write_launch_set(inv, files, launcher)
+    mpi = write_launch_set(inv, files, request.launcher)
     if mpi is not None:
         console.print(f"wrote {mpi}", markup=False, highlight=False)
     console.print(

@@ -17,13 +17,7 @@ from ..dsconfig import OFFLOADS, ZERO_STAGES, auto_keys
 from ..errors import DsclusterError
 from ..inventory import DEFAULT_MASTER_PORT, Inventory
 from ..jobs import SMOKE_JOB_FILES
-from ..launch import (
-    LAUNCH_TIME,
-    lost_nodes,
-    new_run_id,
-    plan_for,
-    run_job,
-)
+from ..launch import LAUNCH_TIME, LaunchRequest, lost_nodes, new_run_id, plan_for, run_job
 from ..launch_files import render_launch_files
 from ..util import atomic_write, print_warnings
 from ..validate import read_text
@@ -88,9 +82,8 @@ def run_smoke(  # noqa: C901, PLR0912, PLR0913, PLR0915 - the smoke command's op
         program += ["--checkpoint-dir", f"{paths.checkpoint_dir}/{run_id}"]
     elif offload != "none":
         program += ["--offload", offload, "--nvme-dir", nvme_dir]
-    plan = plan_for(
-        inv, files, launcher=launcher, run_id=run_id, program=program, master_port=master_port
-    )
+    request = LaunchRequest(launcher=launcher, program=program, master_port=master_port)
+    plan = plan_for(inv, files, request, run_id)
     # Every check passed: now the launch files, then doctor against them.
     files.write()
     print_warnings(console, files.warnings)
