@@ -101,7 +101,7 @@ TAMPERED = {
     # writable by others: sshd's StrictModes refuses every key in it, and authorized_key
     # leaves a file that already holds the key as it is (before: "Permission denied" at the
     # login check). The module run closes it (a file task there would follow a link).
-    "cluster_ssh : Install the cluster key pair and authorise it": (
+    "cluster_ssh : Write the cluster known_hosts and key pair, and authorise the key": (
         "chmod 666 /home/ds/.ssh/authorized_keys"
     ),
     "node_facts : Install the accelerators fact": (

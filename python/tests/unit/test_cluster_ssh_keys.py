@@ -1,7 +1,7 @@
 """cluster_ssh's controller side (tasks/install.yml): the key directory and the cluster key
-pair are made by their modules, and skipped on a re-converge only while one `stat` says the
-directory is 0700 and both halves of the key pair are there at 0600 (a changed mode or a
-missing key pair runs the modules again, which mend it)."""
+pair are made by their modules, which change nothing on a re-converge while the directory is
+0700 and both halves of the key pair are there at 0600 (a changed mode or a missing key pair
+is mended by them)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ CLOSE = "Close the cluster private key to its owner"
 
 
 def run(key_dir: pathlib.Path, tasks: tuple[str, ...] = TASKS) -> tuple[dict, dict[str, str]]:
-    """One run: what was ready afterwards, and the status of each of tasks ('changed', 'ok',
+    """One run: what the play printed, and the status of each of tasks ('changed', 'ok',
     'skipping')."""
     env = dict(os.environ, ANSIBLE_ROLES_PATH=str(rolefiles.ROLES))
     extra = {
@@ -44,14 +44,14 @@ def modes(key_dir: pathlib.Path) -> list[str]:
 
 def test_the_key_pair_is_made_once_then_skipped_until_a_mode_or_a_half_differs(tmp_path):
     key_dir = tmp_path / "state"
-    keys, status = run(key_dir)
+    _, status = run(key_dir)
     assert set(status.values()) == {"changed"}
     assert modes(key_dir) == ["0o700", "0o600", "0o600"]
     private = (key_dir / "cluster_ed25519").read_bytes()
-    # converged: both modules skipped (the stat says so), nothing touched
-    keys, status = run(key_dir)
-    assert keys["ready_after"] is True
-    assert set(status.values()) == {"skipping"}
+    # converged: both modules run and touch nothing
+    _, status = run(key_dir)
+    assert modes(key_dir) == ["0o700", "0o600", "0o600"]
+    assert set(status.values()) == {"ok"}
     # a directory opened to others: the file module closes it again
     key_dir.chmod(0o755)
     _, status = run(key_dir)
@@ -64,7 +64,7 @@ def test_the_key_pair_is_made_once_then_skipped_until_a_mode_or_a_half_differs(t
     assert modes(key_dir) == ["0o700", "0o600", "0o600"]
     assert (key_dir / "cluster_ed25519").read_bytes() == private
     _, status = run(key_dir)
-    assert set(status.values()) == {"skipping"}
+    assert set(status.values()) == {"ok"}
     # the key pair gone (a new state directory's): made again
     for half in ("cluster_ed25519", "cluster_ed25519.pub"):
         (key_dir / half).unlink()
@@ -82,12 +82,11 @@ def test_a_private_key_open_to_others_is_closed_not_regenerated(tmp_path):
     assert status[CLOSE] == "skipping"  # no key yet: the module makes it at 0600
     private = (key_dir / "cluster_ed25519").read_bytes()
     (key_dir / "cluster_ed25519").chmod(0o644)
-    keys, status = run(key_dir, (*TASKS, CLOSE))
+    _, status = run(key_dir, (*TASKS, CLOSE))
     assert status[CLOSE] == "changed"
-    # the stat is read again for the next task: the pair now stands, the module is not run
-    assert status["Make the cluster key pair on the controller"] == "skipping"
-    assert keys["ready_after"] is True
+    # the pair now stands: the key pair module keeps it
+    assert status["Make the cluster key pair on the controller"] == "ok"
     assert modes(key_dir) == ["0o700", "0o600", "0o600"]
     assert (key_dir / "cluster_ed25519").read_bytes() == private
     _, status = run(key_dir, (*TASKS, CLOSE))
-    assert set(status.values()) == {"skipping"}
+    assert set(status.values()) == {"ok"}
