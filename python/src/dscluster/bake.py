@@ -36,7 +36,7 @@ from .validate import IMAGE_REF_RE
 
 # What the baked image or AMI is tagged with (Docker labels, EC2 tags).
 LABEL_PREFIX = "dscluster.baked"
-TAG_PREFIX = "dscluster:baked"  # sources.aws_cluster.BAKED_CLUSTER_TAG is its "-cluster"
+TAG_PREFIX = "dscluster:baked"  # sources.aws.config.BAKED_CLUSTER_TAG is its "-cluster"
 # An AMI name: 3 to 128 of these (EC2's rule).
 AMI_NAME_RE = re.compile(r"[A-Za-z0-9()\[\] ./'@_-]{3,128}")
 
@@ -415,7 +415,7 @@ def bake_aws(plan: Bake, sess: Any, *, wait_s: int = 3600, console: Console) -> 
     default security group, no key pair) runs clean.sh at boot and powers off; the AMI is
     made of that stopped builder and tagged; the builder, the uncleaned AMI and its
     snapshots are removed again, whatever happened (what could not be is named)."""
-    from .sources.ec2 import aws_errors, ec2_client, endpoint  # noqa: PLC0415
+    from .sources.aws.session import aws_errors, ec2_client, endpoint  # noqa: PLC0415
 
     ec2 = ec2_client(sess)
     deadline = time.monotonic() + wait_s
@@ -453,7 +453,7 @@ def _bake_steps(
     """The uncleaned copy, the builder cleaning itself, the AMI of the stopped builder."""
     from botocore.exceptions import WaiterError  # noqa: PLC0415
 
-    from .sources.aws_cluster import METADATA_OPTIONS, root_volume  # noqa: PLC0415
+    from .sources.aws.config import METADATA_OPTIONS, root_volume  # noqa: PLC0415
 
     scratch_tags = [{"Key": TEMP_TAG, "Value": plan.cluster}]
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())

@@ -19,14 +19,15 @@ import yaml
 
 from dscluster.errors import DsclusterError
 from dscluster.inventory import load
-from dscluster.sources import aws, aws_cluster
-from dscluster.sources import ec2 as ec2_access
+from dscluster.sources.aws import config as aws_config
+from dscluster.sources.aws import discover, instance
+from dscluster.sources.aws import session as aws_session
 
 from .. import rolefiles
 from . import aws_moto
 
 REGION = aws_moto.REGION
-TAG = ec2_access.CLUSTER_TAG
+TAG = aws_config.CLUSTER_TAG
 AMI_X = "ami-0123456789abcdef0"  # well formed, unknown to moto
 
 
@@ -41,7 +42,7 @@ def ec2() -> Any:
 
 
 def session() -> Any:
-    return ec2_access.session(None, REGION)
+    return aws_session.session(None, REGION)
 
 
 def image(ec2: Any, pattern: str) -> str:
@@ -110,8 +111,8 @@ def no_files(out: pathlib.Path) -> None:
 
 def test_instance_types_from_describe_instance_types(ec2):
     sess = session()
-    info, warnings = aws.instance_types(
-        ec2_access.ec2_client(sess),
+    info, warnings = discover.instance_types(
+        aws_session.ec2_client(sess),
         ["p4d.24xlarge", "g5.12xlarge", "c5.2xlarge", "trn1.32xlarge", "dl1.24xlarge", "zz9.huge"],
     )
     assert (info["p4d.24xlarge"].accelerator, info["p4d.24xlarge"].count) == ("cuda", 8)
@@ -130,22 +131,24 @@ def test_instance_types_from_describe_instance_types(ec2):
 
 def test_ami_family_and_user(ec2):
     sess = session()
-    amis = aws.images(
-        ec2_access.ec2_client(sess),
+    amis = discover.images(
+        aws_session.ec2_client(sess),
         [image(ec2, "ubuntu*"), image(ec2, "amzn*"), image(ec2, "suse*"), "ami-00000000"],
     )
-    families = {aws.ami_family(i) for i in amis.values()}
+    families = {discover.ami_family(i) for i in amis.values()}
     assert families == {("ubuntu", "ubuntu"), ("amazon_linux", "ec2-user"), ("suse", "ec2-user")}
-    assert aws.ami_family(None) == ("unknown", None)
-    assert aws.ami_family({"Name": "debian-12-amd64-2024"}) == ("debian", "admin")
-    assert aws.ami_family({"Name": "Deep Learning AMI GPU PyTorch 2.3 (Amazon Linux 2023)"}) == (
+    assert discover.ami_family(None) == ("unknown", None)
+    assert discover.ami_family({"Name": "debian-12-amd64-2024"}) == ("debian", "admin")
+    assert discover.ami_family(
+        {"Name": "Deep Learning AMI GPU PyTorch 2.3 (Amazon Linux 2023)"}
+    ) == (
         "amazon_linux",
         "ec2-user",
     )
-    assert aws.ami_family(
+    assert discover.ami_family(
         {"Name": "RHEL-9.4.0_HVM", "PlatformDetails": "Red Hat Enterprise Linux"}
     ) == ("rhel", "ec2-user")
-    assert aws.ami_family({"Name": "Rocky-9-EC2-Base"}) == ("rocky", "rocky")
+    assert discover.ami_family({"Name": "Rocky-9-EC2-Base"}) == ("rocky", "rocky")
 
 
 # ---------------------------------------------------------------- discovery
@@ -165,10 +168,12 @@ def test_discovery_1000_instances_paginated(ec2, tmp_path):
 
     # console_keys=False: 1,050 GetConsoleOutput calls would only slow this pagination test;
     # the console path has its own test below.
-    result = aws.write_inventory(session(), "demo", out_dir=tmp_path / "inv", console_keys=False)
+    result = discover.write_inventory(
+        session(), "demo", out_dir=tmp_path / "inv", console_keys=False
+    )
     calls = aws_moto.requests("DescribeInstances")
     assert len(calls) > 1, "describe_instances was not paginated"
-    assert all(c.get("MaxResults") == [str(aws.INSTANCES_PAGE_SIZE)] for c in calls)
+    assert all(c.get("MaxResults") == [str(discover.INSTANCES_PAGE_SIZE)] for c in calls)
     assert sum("NextToken" in c for c in calls) == len(calls) - 1
     assert len(result.nodes) == 1050
     skipped = {i["InstanceId"] for i in stopped + gone}
@@ -192,7 +197,7 @@ def test_mixed_types_hosts_yml_and_hostfile(ec2, tmp_path):
     foreign = launch(ec2, "p4d.24xlarge", cluster="other")[0]
 
     out = tmp_path / "inv"
-    result = aws.write_inventory(session(), "demo", out_dir=out, cpu_slots=2)
+    result = discover.write_inventory(session(), "demo", out_dir=out, cpu_slots=2)
     inv = load(out)  # through ansible-inventory, as every later stage reads it
     head_name = f"ip-{head['PrivateIpAddress'].replace('.', '-')}"
     assert inv.head == head_name
@@ -248,7 +253,7 @@ def test_head_by_lowest_launch_index(ec2, tmp_path):
     first = launch(ec2, "c5.2xlarge", 3)  # launch indexes 0, 1, 2
     ec2.terminate_instances(InstanceIds=[first[0]["InstanceId"]])
     later = launch(ec2, "c5.2xlarge", 2)  # a later reservation: indexes 0, 1
-    nodes, _ = aws.discover(session(), "demo")
+    nodes, _ = discover.discover(session(), "demo")
     assert nodes[0].instance_id == later[0]["InstanceId"]  # index 0 beats an earlier index 1
     assert len(nodes) == 4
 
@@ -261,27 +266,27 @@ def test_head_tiebreak_is_launch_time_then_id():
         {"InstanceId": "i-c", "AmiLaunchIndex": 0, "LaunchTime": t0},
         {"InstanceId": "i-a", "AmiLaunchIndex": 1, "LaunchTime": t0},
     ]
-    assert aws.choose_head(insts, ("dscluster:role", "head"))["InstanceId"] == "i-c"
+    assert discover.choose_head(insts, ("dscluster:role", "head"))["InstanceId"] == "i-c"
     insts[0]["LaunchTime"] = t0
-    assert aws.choose_head(insts, ("dscluster:role", "head"))["InstanceId"] == "i-b"
+    assert discover.choose_head(insts, ("dscluster:role", "head"))["InstanceId"] == "i-b"
     insts[2]["Tags"] = [{"Key": "tier", "Value": "boss"}]
-    assert aws.choose_head(insts, ("tier", "boss"))["InstanceId"] == "i-a"
+    assert discover.choose_head(insts, ("tier", "boss"))["InstanceId"] == "i-a"
 
 
 def test_head_by_custom_tag_and_two_heads_refused(ec2, tmp_path):
     launch(ec2, "c5.2xlarge", 2)
     boss = launch(ec2, "c5.2xlarge", tags={"tier": "boss"})[0]
-    nodes, _ = aws.discover(session(), "demo", head_tag=("tier", "boss"))
+    nodes, _ = discover.discover(session(), "demo", head_tag=("tier", "boss"))
     assert nodes[0].instance_id == boss["InstanceId"]
     launch(ec2, "c5.2xlarge", tags={"tier": "boss"})
     with pytest.raises(DsclusterError, match="2 running instances carry the head tag tier=boss"):
-        aws.discover(session(), "demo", head_tag=("tier", "boss"))
+        discover.discover(session(), "demo", head_tag=("tier", "boss"))
 
 
 def test_duplicate_or_invalid_name_tags_fall_back_to_private_dns(ec2):
     twins = launch(ec2, "c5.2xlarge", 2, tags={"Name": "twin"})
     odd = launch(ec2, "c5.2xlarge", tags={"Name": "bad name!"})[0]
-    nodes, _ = aws.discover(session(), "demo")
+    nodes, _ = discover.discover(session(), "demo")
     names = {n.instance_id: n.name for n in nodes}
     for inst in [*twins, odd]:
         assert names[inst["InstanceId"]] == inst["PrivateDnsName"].split(".")[0]
@@ -290,7 +295,7 @@ def test_duplicate_or_invalid_name_tags_fall_back_to_private_dns(ec2):
 def test_public_addresses_and_overrides(ec2, tmp_path):
     inst = launch(ec2, "c5.2xlarge")[0]
     key = tmp_path / "k.pem"
-    nodes, _ = aws.discover(session(), "demo", public=True, user="alice", key_file=str(key))
+    nodes, _ = discover.discover(session(), "demo", public=True, user="alice", key_file=str(key))
     assert nodes[0].address == inst["PublicIpAddress"] != inst["PrivateIpAddress"]
     assert (nodes[0].user, nodes[0].key_file) == ("alice", str(key))
 
@@ -298,7 +303,7 @@ def test_public_addresses_and_overrides(ec2, tmp_path):
 def test_unknown_ami_needs_user(ec2, tmp_path):
     launch(ec2, "c5.2xlarge", ami="ami-12c6146b")  # a Windows Server AMI in moto's list
     with pytest.raises(DsclusterError, match="run Windows"):
-        aws.write_inventory(session(), "demo", out_dir=tmp_path)
+        discover.write_inventory(session(), "demo", out_dir=tmp_path)
     no_files(tmp_path)
 
 
@@ -334,11 +339,11 @@ def test_console_host_keys_parsed(tmp_path):
     ed = host_key(tmp_path, "ed25519", "ed")
     ecdsa = host_key(tmp_path, "ecdsa", "ec")
     text = cloud_init_console(ecdsa, ed)
-    assert aws.console_host_keys(text) == (ecdsa, ed)
-    assert aws.console_host_keys(text + text) == (ecdsa, ed)
-    assert aws.console_host_keys("ssh-ed25519 AAAA outside any block\n") == ()
+    assert discover.console_host_keys(text) == (ecdsa, ed)
+    assert discover.console_host_keys(text + text) == (ecdsa, ed)
+    assert discover.console_host_keys("ssh-ed25519 AAAA outside any block\n") == ()
     broken = cloud_init_console("ssh-ed25519 not*base64")
-    assert aws.console_host_keys(broken) == ()
+    assert discover.console_host_keys(broken) == ()
 
 
 def test_known_hosts_pinned_from_console(ec2, tmp_path):
@@ -356,7 +361,7 @@ def test_known_hosts_pinned_from_console(ec2, tmp_path):
     # The worker's console shows no key yet and nothing pins it: refused, never trusted on
     # first use, and nothing written.
     with pytest.raises(DsclusterError) as exc:
-        aws.write_inventory(session(), "demo", out_dir=tmp_path / "inv")
+        discover.write_inventory(session(), "demo", out_dir=tmp_path / "inv")
     message = str(exc.value)
     assert f"{worker['InstanceId']} (worker-1)" in message and "head-0" not in message
     assert "wait and run 'dscluster inventory aws' again" in message and "\n" not in message
@@ -366,7 +371,7 @@ def test_known_hosts_pinned_from_console(ec2, tmp_path):
     # Its keys printed: both pinned, the stale line replaced, a line not ours kept.
     worker_key = host_key(tmp_path, "ed25519", "wk")
     aws_moto.console(worker["InstanceId"], cloud_init_console(worker_key))
-    result = aws.write_inventory(session(), "demo", out_dir=tmp_path / "inv")
+    result = discover.write_inventory(session(), "demo", out_dir=tmp_path / "inv")
     lines = known.read_text().splitlines()
     assert f"head-0,{head['PrivateIpAddress']} {ed}" in lines
     assert f"worker-1,{worker['PrivateIpAddress']} {worker_key}" in lines
@@ -380,7 +385,7 @@ def test_known_hosts_pinned_from_console(ec2, tmp_path):
     # Later the console no longer shows the keys (it keeps only recent output): the pin from
     # the earlier run stands, and is what SSH checks.
     aws_moto.console(worker["InstanceId"], "[    1.0] Linux version 6.1 (rebooted)\n")
-    aws.write_inventory(session(), "demo", out_dir=tmp_path / "inv")
+    discover.write_inventory(session(), "demo", out_dir=tmp_path / "inv")
     assert f"worker-1,{worker['PrivateIpAddress']} {worker_key}" in known.read_text()
 
 
@@ -394,7 +399,9 @@ def test_no_console_keys_pins_nothing_and_says_so(ec2, tmp_path):
     mine = host_key(tmp_path, "ed25519", "mine")
     known.write_text(f"{head['PrivateIpAddress']} {mine}\n")
     aws_moto.reset()
-    result = aws.write_inventory(session(), "demo", out_dir=tmp_path / "inv", console_keys=False)
+    result = discover.write_inventory(
+        session(), "demo", out_dir=tmp_path / "inv", console_keys=False
+    )
     assert aws_moto.requests("GetConsoleOutput") == []
     (warning,) = [w for w in result.warnings if "host key" in w]
     assert "worker-1" in warning and "head-0" not in warning
@@ -411,22 +418,20 @@ def test_pending_instances_stop_discovery_and_count_for_up(ec2, tmp_path):
     starting = launch(ec2, "c5.2xlarge", ami=ami)[0]
     aws_moto.set_state(starting["InstanceId"], "pending", 0)
     with pytest.raises(DsclusterError) as exc:
-        aws.write_inventory(session(), "demo", out_dir=tmp_path)
+        discover.write_inventory(session(), "demo", out_dir=tmp_path)
     assert "1 instances of cluster demo" in str(exc.value) and "still pending" in str(exc.value)
     assert starting["InstanceId"] in str(exc.value)
     assert ready["InstanceId"] not in str(exc.value)
     no_files(tmp_path)
     aws_moto.reset()
-    result = aws_cluster.up(
-        session(), "demo", instance_type="c5.2xlarge", count=2, ami=ami, say=print
-    )
+    result = instance.up(session(), "demo", instance_type="c5.2xlarge", count=2, ami=ami, say=print)
     assert result.created == [] and aws_moto.requests("RunInstances") == []
 
 
 def test_no_instances_names_tag_and_region(ec2, tmp_path):
     launch(ec2, "c5.2xlarge", cluster="other")
     with pytest.raises(DsclusterError) as exc:
-        aws.write_inventory(session(), "demo", out_dir=tmp_path / "inv")
+        discover.write_inventory(session(), "demo", out_dir=tmp_path / "inv")
     assert f"{TAG}=demo" in str(exc.value) and REGION in str(exc.value)
     assert not (tmp_path / "inv").exists()
 
@@ -435,7 +440,7 @@ def test_no_credentials_one_line(monkeypatch, tmp_path):
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     with pytest.raises(DsclusterError) as exc:
-        aws.write_inventory(session(), "demo", out_dir=tmp_path / "inv")
+        discover.write_inventory(session(), "demo", out_dir=tmp_path / "inv")
     assert "no usable AWS credentials" in str(exc.value) and "aws configure" in str(exc.value)
     assert "\n" not in str(exc.value)
     assert not (tmp_path / "inv").exists()
@@ -443,19 +448,19 @@ def test_no_credentials_one_line(monkeypatch, tmp_path):
 
 def test_unknown_profile_and_no_region(monkeypatch):
     with pytest.raises(DsclusterError, match="AWS profile 'nope' is not configured"):
-        ec2_access.session("nope", REGION)
+        aws_session.session("nope", REGION)
     monkeypatch.delenv("AWS_DEFAULT_REGION")
     with pytest.raises(DsclusterError, match="no AWS region"):
-        ec2_access.session(None, None)
+        aws_session.session(None, None)
 
 
 def test_client_error_names_the_code():
     sess = session()
     with (
         pytest.raises(DsclusterError, match=r"InvalidInstanceID\.(Malformed|NotFound)"),
-        ec2_access.aws_errors(REGION),
+        aws_session.aws_errors(REGION),
     ):
-        ec2_access.ec2_client(sess).describe_instances(InstanceIds=["i-0000000000"])
+        aws_session.ec2_client(sess).describe_instances(InstanceIds=["i-0000000000"])
 
 
 # ---------------------------------------------------------------- aws up / down
@@ -468,7 +473,7 @@ def sg_named(ec2: Any, name: str) -> list[dict[str, Any]]:
 
 
 def live(ec2: Any, cluster: str) -> list[dict[str, Any]]:
-    return aws_cluster.live_instances(ec2, cluster, ["pending", "running"])
+    return discover.live_instances(ec2, cluster, ["pending", "running"])
 
 
 def test_up_twice_then_down_removes_exactly_what_up_made(ec2):
@@ -479,22 +484,22 @@ def test_up_twice_then_down_removes_exactly_what_up_made(ec2):
     aws_moto.reset()  # the request log: from here on, only what dscluster sends
 
     lines: list[str] = []
-    first = aws_cluster.up(
+    first = instance.up(
         session(), "demo", instance_type="g5.12xlarge", count=3, ami=ami, say=lines.append
     )
     assert len(first.launched) == 3 and len(first.created) == 5
     assert any("supports EFA but --efa was not given: plain ENI" in line for line in lines)
     instances = live(ec2, "demo")
     assert sorted(i["InstanceId"] for i in instances) == sorted(first.launched)
-    heads = [i for i in instances if ec2_access.tag_value(i, ec2_access.ROLE_TAG) == "head"]
+    heads = [i for i in instances if aws_config.tag_value(i, aws_config.ROLE_TAG) == "head"]
     assert len(heads) == 1 and heads[0]["AmiLaunchIndex"] == 0
-    assert sorted(ec2_access.tag_value(i, "Name") for i in instances) == [
+    assert sorted(aws_config.tag_value(i, "Name") for i in instances) == [
         "demo-0",
         "demo-1",
         "demo-2",
     ]
     (sg,) = sg_named(ec2, "dscluster-demo")
-    assert ec2_access.tag_value(sg, TAG) == "demo"
+    assert aws_config.tag_value(sg, TAG) == "demo"
     assert all(
         [g["GroupId"] for g in i["NetworkInterfaces"][0]["Groups"]] == [sg["GroupId"]]
         for i in instances
@@ -510,7 +515,7 @@ def test_up_twice_then_down_removes_exactly_what_up_made(ec2):
 
     assert has_self(sg["IpPermissions"]) and has_self(sg["IpPermissionsEgress"])
     pgs = ec2.describe_placement_groups(GroupNames=["dscluster-demo"])["PlacementGroups"]
-    assert pgs[0]["Strategy"] == "cluster" and ec2_access.tag_value(pgs[0], TAG) == "demo"
+    assert pgs[0]["Strategy"] == "cluster" and aws_config.tag_value(pgs[0], TAG) == "demo"
     (run,) = aws_moto.requests("RunInstances")
     assert run["Placement.GroupName"] == ["dscluster-demo"]
     assert "NetworkInterface.1.InterfaceType" not in run
@@ -520,7 +525,7 @@ def test_up_twice_then_down_removes_exactly_what_up_made(ec2):
         "network-interface",
     }
 
-    second = aws_cluster.up(
+    second = instance.up(
         session(), "demo", instance_type="g5.12xlarge", count=3, ami=ami, say=lines.append
     )
     assert second.created == [] and len(second.existing) == 3
@@ -531,16 +536,16 @@ def test_up_twice_then_down_removes_exactly_what_up_made(ec2):
 
     # one instance lost: up starts exactly one, keeps the head, reuses SG and PG
     ec2.terminate_instances(InstanceIds=[first.launched[1]])
-    third = aws_cluster.up(
+    third = instance.up(
         session(), "demo", instance_type="g5.12xlarge", count=3, ami=ami, say=lines.append
     )
     assert len(third.launched) == 1 and third.created == [f"instance {third.launched[0]}"]
     now = live(ec2, "demo")
     assert len(now) == 3
-    assert sum(ec2_access.tag_value(i, ec2_access.ROLE_TAG) == "head" for i in now) == 1
-    assert sorted(ec2_access.tag_value(i, "Name") for i in now) == ["demo-0", "demo-1", "demo-2"]
+    assert sum(aws_config.tag_value(i, aws_config.ROLE_TAG) == "head" for i in now) == 1
+    assert sorted(aws_config.tag_value(i, "Name") for i in now) == ["demo-0", "demo-1", "demo-2"]
 
-    removed = aws_cluster.down(session(), "demo", say=lines.append)
+    removed = instance.down(session(), "demo", say=lines.append)
     assert len(removed) == 3 + 2
     assert live(ec2, "demo") == []
     assert sg_named(ec2, "dscluster-demo") == []
@@ -548,14 +553,14 @@ def test_up_twice_then_down_removes_exactly_what_up_made(ec2):
     assert sg_named(ec2, "keep-me")[0]["GroupId"] == other_sg["GroupId"]
     state = ec2.describe_instances(InstanceIds=[bystander["InstanceId"]])
     assert state["Reservations"][0]["Instances"][0]["State"]["Name"] == "running"
-    assert aws_cluster.down(session(), "demo", say=lines.append) == []  # down twice: no-op
+    assert instance.down(session(), "demo", say=lines.append) == []  # down twice: no-op
 
 
 def test_efa_interfaces_on_efa_types_only(ec2):
     ami = image(ec2, "ubuntu*")
     lines: list[str] = []
     with pytest.raises(DsclusterError, match=r"instance type c5\.2xlarge does not support EFA"):
-        aws_cluster.up(
+        instance.up(
             session(),
             "cpu",
             instance_type="c5.2xlarge",
@@ -568,7 +573,7 @@ def test_efa_interfaces_on_efa_types_only(ec2):
     assert aws_moto.requests("CreateSecurityGroup") == []
     assert aws_moto.requests("CreatePlacementGroup") == []
 
-    aws_cluster.up(
+    instance.up(
         session(),
         "gpu",
         instance_type="p4d.24xlarge",
@@ -577,7 +582,7 @@ def test_efa_interfaces_on_efa_types_only(ec2):
         ami=ami,
         say=lines.append,
     )
-    aws_cluster.up(session(), "cpu", instance_type="c5.2xlarge", count=2, ami=ami, say=print)
+    instance.up(session(), "cpu", instance_type="c5.2xlarge", count=2, ami=ami, say=print)
     efa_run, cpu_run = aws_moto.requests("RunInstances")
     assert efa_run["InstanceType"] == ["p4d.24xlarge"]
     assert efa_run["NetworkInterface.1.InterfaceType"] == ["efa"]
@@ -591,16 +596,16 @@ def test_efa_interfaces_on_efa_types_only(ec2):
 
 def test_up_needs_an_ami_and_a_known_type(ec2):
     with pytest.raises(DsclusterError, match="no AMI: pass --ami"):
-        aws_cluster.up(session(), "demo", instance_type="c5.2xlarge", count=1, say=print)
+        instance.up(session(), "demo", instance_type="c5.2xlarge", count=1, say=print)
     with pytest.raises(DsclusterError, match=r"instance type zz9\.huge does not exist"):
-        aws_cluster.up(session(), "demo", instance_type="zz9.huge", count=1, ami=AMI_X, say=print)
+        instance.up(session(), "demo", instance_type="zz9.huge", count=1, ami=AMI_X, say=print)
     assert aws_moto.requests("CreateSecurityGroup") == []
 
 
 def test_up_resolves_ami_from_ssm_parameter(ec2):
     param = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
     expected = boto3.client("ssm", region_name=REGION).get_parameter(Name=param)
-    result = aws_cluster.up(
+    result = instance.up(
         session(), "demo", instance_type="c5.2xlarge", count=1, ami=param, say=print
     )
     (inst,) = live(ec2, "demo")
@@ -612,7 +617,7 @@ def test_foreign_security_group_with_our_name_is_not_taken(ec2):
     vpc = next(v for v in ec2.describe_vpcs()["Vpcs"] if v.get("IsDefault"))["VpcId"]
     ec2.create_security_group(GroupName="dscluster-demo", Description="not ours", VpcId=vpc)
     with pytest.raises(DsclusterError, match="not tagged dscluster:cluster=demo"):
-        aws_cluster.up(
+        instance.up(
             session(),
             "demo",
             instance_type="c5.2xlarge",
@@ -621,7 +626,7 @@ def test_foreign_security_group_with_our_name_is_not_taken(ec2):
             say=print,
         )
     assert aws_moto.requests("RunInstances") == []
-    aws_cluster.down(session(), "demo", say=print)
+    instance.down(session(), "demo", say=print)
     assert len(sg_named(ec2, "dscluster-demo")) == 1  # down leaves what it did not make
 
 
@@ -728,7 +733,7 @@ def test_up_failing_at_run_instances_removes_the_groups_it_made(ec2):
     aws_moto.refuse("RunInstances", "InsufficientInstanceCapacity", "no p4d capacity")
     lines: list[str] = []
     with pytest.raises(DsclusterError) as exc:
-        aws_cluster.up(
+        instance.up(
             session(), "demo", instance_type="p4d.24xlarge", count=2, efa=True, ami=ami,
             ssh_cidr="203.0.113.0/24", say=lines.append,
         )  # fmt: skip
@@ -744,7 +749,7 @@ def test_up_failing_after_launch_terminates_its_instances(ec2):
     ami = image(ec2, "ubuntu*")
     aws_moto.refuse("CreateTags", "RequestLimitExceeded", "slow down")
     with pytest.raises(DsclusterError, match="removed what this run made") as exc:
-        aws_cluster.up(session(), "demo", instance_type="c5.2xlarge", count=3, ami=ami, say=print)
+        instance.up(session(), "demo", instance_type="c5.2xlarge", count=3, ami=ami, say=print)
     (run,) = aws_moto.requests("RunInstances")
     assert run["MinCount"] == ["3"]
     assert str(exc.value).count("instance i-") == 3
@@ -753,12 +758,10 @@ def test_up_failing_after_launch_terminates_its_instances(ec2):
 
 def test_up_keeps_what_an_earlier_run_made(ec2):
     ami = image(ec2, "ubuntu*")
-    first = aws_cluster.up(
-        session(), "demo", instance_type="c5.2xlarge", count=1, ami=ami, say=print
-    )
+    first = instance.up(session(), "demo", instance_type="c5.2xlarge", count=1, ami=ami, say=print)
     aws_moto.refuse("RunInstances")
     with pytest.raises(DsclusterError) as exc:
-        aws_cluster.up(session(), "demo", instance_type="c5.2xlarge", count=3, ami=ami, say=print)
+        instance.up(session(), "demo", instance_type="c5.2xlarge", count=3, ami=ami, say=print)
     assert "InsufficientInstanceCapacity" in str(exc.value)
     assert "removed what this run made" not in str(exc.value)  # it made nothing
     assert [i["InstanceId"] for i in live(ec2, "demo")] == first.launched
@@ -771,36 +774,36 @@ def test_up_says_what_is_left_when_removing_fails_too(ec2):
     aws_moto.refuse("RunInstances")
     aws_moto.refuse("DeletePlacementGroup", "UnauthorizedOperation", "not allowed")
     with pytest.raises(DsclusterError) as exc:
-        aws_cluster.up(session(), "demo", instance_type="c5.2xlarge", count=1, ami=ami, say=print)
+        instance.up(session(), "demo", instance_type="c5.2xlarge", count=1, ami=ami, say=print)
     message = str(exc.value)
     assert "left placement group dscluster-demo" in message
     assert "'dscluster aws down --cluster demo' removes them" in message
     assert "security group" not in message.split("left", 1)[1]  # the SG was removed
     assert sg_named(ec2, "dscluster-demo") == []
     aws_moto.allow()
-    assert aws_cluster.down(session(), "demo", say=print) == ["placement group dscluster-demo"]
+    assert instance.down(session(), "demo", say=print) == ["placement group dscluster-demo"]
     nothing_of(ec2, "demo")
 
 
 def test_up_refuses_unknown_ami_key_pair_and_bad_options_before_creating(ec2):
     with pytest.raises(DsclusterError, match=f"AMI {AMI_X} does not exist in {REGION}"):
-        aws_cluster.up(session(), "demo", instance_type="c5.2xlarge", count=1, ami=AMI_X)
+        instance.up(session(), "demo", instance_type="c5.2xlarge", count=1, ami=AMI_X)
     ami = image(ec2, "ubuntu*")
     with pytest.raises(DsclusterError, match="key pair nokey does not exist"):
-        aws_cluster.up(
+        instance.up(
             session(), "demo", instance_type="c5.2xlarge", count=1, ami=ami, key_name="nokey"
         )
     for bad in ({"ssh_cidr": "10.0.0.1/8"}, {"subnet": "sub-1"}, {"count": 0}):
         params: dict[str, Any] = {"instance_type": "c5.2xlarge", "count": 1, "ami": ami, **bad}
         with pytest.raises(DsclusterError):
-            aws_cluster.up(session(), "demo", **params)
+            instance.up(session(), "demo", **params)
     assert aws_moto.requests("CreateSecurityGroup") == []
     assert aws_moto.requests("CreatePlacementGroup") == []
 
 
 def test_up_ssh_from_an_ipv6_network(ec2):
     ami = image(ec2, "ubuntu*")
-    aws_cluster.up(
+    instance.up(
         session(), "demo", instance_type="c5.2xlarge", count=1, ami=ami,
         ssh_cidr="2001:db8::/32", say=print,
     )  # fmt: skip
@@ -814,9 +817,7 @@ def test_up_requires_imdsv2_and_encrypts_the_root_volume(ec2):
     limit 1), and the AMI's root device an encrypted EBS volume, removed with the instance."""
     ami = image(ec2, "ubuntu*")
     (root_device,) = {i["RootDeviceName"] for i in ec2.describe_images(ImageIds=[ami])["Images"]}
-    result = aws_cluster.up(
-        session(), "demo", instance_type="c5.2xlarge", count=2, ami=ami, say=print
-    )
+    result = instance.up(session(), "demo", instance_type="c5.2xlarge", count=2, ami=ami, say=print)
     instances = live(ec2, "demo")
     assert sorted(i["InstanceId"] for i in instances) == sorted(result.launched)
     for inst in instances:
@@ -838,11 +839,11 @@ def test_up_requires_imdsv2_and_encrypts_the_root_volume(ec2):
 
 def test_up_refuses_an_instance_store_ami_before_creating(ec2, monkeypatch):
     ami = image(ec2, "ubuntu*")
-    real = aws_cluster.root_volume
+    real = aws_config.root_volume
     store = {"RootDeviceType": "instance-store"}
-    monkeypatch.setattr(aws_cluster, "root_volume", lambda img, iid: real({**img, **store}, iid))
+    monkeypatch.setattr(instance, "root_volume", lambda img, iid: real({**img, **store}, iid))
     with pytest.raises(DsclusterError, match=f"AMI {ami} has no EBS root device"):
-        aws_cluster.up(session(), "demo", instance_type="c5.2xlarge", count=1, ami=ami)
+        instance.up(session(), "demo", instance_type="c5.2xlarge", count=1, ami=ami)
     assert aws_moto.requests("CreateSecurityGroup") == []
     assert aws_moto.requests("RunInstances") == []
 
@@ -852,9 +853,7 @@ def test_up_refuses_world_open_ssh_unless_asked_by_name(ec2, cidr):
     ami = image(ec2, "ubuntu*")
     aws_moto.reset()
     with pytest.raises(DsclusterError) as exc:
-        aws_cluster.up(
-            session(), "demo", instance_type="c5.2xlarge", count=1, ami=ami, ssh_cidr=cidr
-        )
+        instance.up(session(), "demo", instance_type="c5.2xlarge", count=1, ami=ami, ssh_cidr=cidr)
     assert f"--ssh-cidr {cidr} opens SSH to the whole internet" in str(exc.value)
     assert "--allow-world-ssh" in str(exc.value)
     assert aws_moto.requests("DescribeInstanceTypes") == []  # refused before any AWS call
@@ -867,7 +866,7 @@ def test_up_refuses_world_open_ssh_unless_asked_by_name(ec2, cidr):
     assert aws_moto.requests("DescribeInstanceTypes") == []
     nothing_of(ec2, "demo")
     # asked for by name: the rule is made
-    aws_cluster.up(
+    instance.up(
         session(), "demo", instance_type="c5.2xlarge", count=1, ami=ami, ssh_cidr=cidr,
         allow_world_ssh=True, say=print,
     )  # fmt: skip
@@ -970,24 +969,22 @@ def test_non_utf8_known_hosts_is_one_line(ec2, tmp_path):
     known.parent.mkdir(parents=True)
     known.write_bytes(b"host ssh-ed25519 AAAA\xff\n")
     with pytest.raises(DsclusterError, match="is not UTF-8 text"):
-        aws.write_inventory(session(), "demo", out_dir=tmp_path / "inv", console_keys=False)
+        discover.write_inventory(session(), "demo", out_dir=tmp_path / "inv", console_keys=False)
     no_files(tmp_path / "inv")
     assert known.read_bytes() == b"host ssh-ed25519 AAAA\xff\n"
 
 
 def test_down_failing_midway_says_what_it_removed(ec2):
     ami = image(ec2, "ubuntu*")
-    first = aws_cluster.up(
-        session(), "demo", instance_type="c5.2xlarge", count=2, ami=ami, say=print
-    )
+    first = instance.up(session(), "demo", instance_type="c5.2xlarge", count=2, ami=ami, say=print)
     aws_moto.refuse("DeleteSecurityGroup", "UnauthorizedOperation", "not allowed")
     with pytest.raises(DsclusterError) as exc:
-        aws_cluster.down(session(), "demo", say=print)
+        instance.down(session(), "demo", say=print)
     message = str(exc.value)
     assert "UnauthorizedOperation" in message and "DeleteSecurityGroup" in message
     assert all(f"instance {i}" in message for i in first.launched)
     assert "run 'dscluster aws down --cluster demo' again" in message
     aws_moto.allow()
-    removed = aws_cluster.down(session(), "demo", say=print)
+    removed = instance.down(session(), "demo", say=print)
     assert len(removed) == 2  # the security group and the placement group
     nothing_of(ec2, "demo")

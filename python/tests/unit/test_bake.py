@@ -23,8 +23,9 @@ from dscluster import bake, paths
 from dscluster.degraded import degraded_path
 from dscluster.errors import DsclusterError
 from dscluster.inventory import load
-from dscluster.sources import aws, aws_cluster
-from dscluster.sources import ec2 as ec2_access
+from dscluster.sources.aws import config as aws_config
+from dscluster.sources.aws import discover, instance
+from dscluster.sources.aws import session as aws_session
 
 from . import aws_moto
 from .facts import write_facts
@@ -309,10 +310,10 @@ def _ubuntu(ec2: Any) -> str:
 
 def aws_source(ec2: Any, tmp_path: pathlib.Path) -> tuple[Any, Any]:
     """A provisioned 2-node EC2 cluster `src` (moto): its session and inventory."""
-    sess = ec2_access.session(None, REGION)
-    aws_cluster.up(sess, "src", instance_type="c5.2xlarge", count=2, ami=_ubuntu(ec2), say=print)
+    sess = aws_session.session(None, REGION)
+    instance.up(sess, "src", instance_type="c5.2xlarge", count=2, ami=_ubuntu(ec2), say=print)
     out = tmp_path / "inventories" / "src"
-    aws.write_inventory(sess, "src", out_dir=out, console_keys=False)
+    discover.write_inventory(sess, "src", out_dir=out, console_keys=False)
     inv = load(out)
     (out / "facts").mkdir(exist_ok=True)
     for host in inv.hosts:
@@ -321,10 +322,10 @@ def aws_source(ec2: Any, tmp_path: pathlib.Path) -> tuple[Any, Any]:
 
 
 BAKED_TAGS = {
-    aws_cluster.BAKED_CLUSTER_TAG: "src",
+    aws_config.BAKED_CLUSTER_TAG: "src",
     "dscluster:baked-torch": "2.13.0+cpu",
     "dscluster:baked-deepspeed": "0.19.8",
-    aws_cluster.BAKED_USER_TAG: "ds",
+    aws_config.BAKED_USER_TAG: "ds",
 }
 CLEAN_THEN_POWER_OFF = re.compile(
     r"echo (\S+) \| base64 -d \| sh -s -- ds image && rm -f /home/\*/\.ssh/authorized_keys"
@@ -349,7 +350,7 @@ def assert_builder_cleans_itself_outside_the_cluster(run: dict[str, Any], node: 
     assert run["InstanceInitiatedShutdownBehavior"] == ["stop"]
     assert run["MetadataOptions.HttpTokens"] == ["required"]
     assert run["BlockDeviceMapping.1.Ebs.Encrypted"] == ["true"]
-    assert ec2_access.CLUSTER_TAG not in str(run)
+    assert aws_config.CLUSTER_TAG not in str(run)
 
 
 def assert_aws_up_cleans_at_first_boot(ec2: Any, sess: Any, ami: str) -> None:
@@ -357,7 +358,7 @@ def assert_aws_up_cleans_at_first_boot(ec2: Any, sess: Any, ami: str) -> None:
     plain AMI, no user data."""
     aws_moto.reset()
     lines: list[str] = []
-    aws_cluster.up(sess, "next", instance_type="c5.2xlarge", count=2, ami=ami, say=lines.append)
+    instance.up(sess, "next", instance_type="c5.2xlarge", count=2, ami=ami, say=lines.append)
     (run,) = aws_moto.requests("RunInstances")
     assert run["ImageId"] == [ami]
     user_data = base64.b64decode(run["UserData"][0]).decode()
@@ -371,7 +372,7 @@ def assert_aws_up_cleans_at_first_boot(ec2: Any, sess: Any, ami: str) -> None:
 
     # a plain AMI: no user data
     aws_moto.reset()
-    aws_cluster.up(sess, "plain", instance_type="c5.2xlarge", count=1, ami=_ubuntu(ec2), say=print)
+    instance.up(sess, "plain", instance_type="c5.2xlarge", count=1, ami=_ubuntu(ec2), say=print)
     (plain,) = aws_moto.requests("RunInstances")
     assert "UserData" not in plain
 
@@ -421,7 +422,7 @@ def test_aws_bake_makes_a_tagged_ami_that_aws_up_starts_clean(ec2, tmp_path):
         for i in r["Instances"]
     }
     assert instances[builder]["State"]["Name"] in ("shutting-down", "terminated")
-    assert ec2_access.tag_value(instances[builder], ec2_access.CLUSTER_TAG) is None
+    assert aws_config.tag_value(instances[builder], aws_config.CLUSTER_TAG) is None
     assert instances[plan.instance_id]["State"]["Name"] == "running"
 
     assert_aws_up_cleans_at_first_boot(ec2, sess, ami)

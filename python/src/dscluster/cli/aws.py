@@ -12,16 +12,16 @@ from rich.console import Console
 
 from .. import validate
 from ..errors import DsclusterError
-from .inventory import aws_common, check_aws_session
+from .inventory import aws_common, aws_session, check_aws_session
 
 
 def _shape(name: str):
-    """An argparse type from a check in sources/ec2.py (imported when parsing, not before)."""
+    """An argparse type from a check in sources/aws/config.py (imported when parsing)."""
 
     def check(text: str) -> None:
-        from ..sources import ec2  # noqa: PLC0415
+        from ..sources.aws import config  # noqa: PLC0415
 
-        getattr(ec2, name)(text)
+        getattr(config, name)(text)
 
     check.__name__ = name
     return validate.name_type(check)
@@ -67,22 +67,21 @@ def register(sub) -> None:
         action="store_true",
         help="accept an --ssh-cidr of prefix length 0 (SSH open to the whole internet)",
     )
-    up.add_argument(
-        "--wait",
-        type=validate.seconds_type("seconds to wait"),
-        default=600,
-        help="seconds to wait for instances (default 600)",
-    )
+    _wait(up, "instances")
     up.set_defaults(func=cmd_aws_up, check=check_up)
     down = asub.add_parser("down", help="terminate the cluster and remove what 'aws up' made")
     aws_common(down)
-    down.add_argument(
+    _wait(down, "termination")
+    down.set_defaults(func=cmd_aws_down, check=check_down)
+
+
+def _wait(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
         "--wait",
         type=validate.seconds_type("seconds to wait"),
         default=600,
-        help="seconds to wait for termination (default 600)",
+        help=f"seconds to wait for {what} (default 600)",
     )
-    down.set_defaults(func=cmd_aws_down, check=check_down)
 
 
 def check_up(args: argparse.Namespace) -> None:
@@ -93,7 +92,7 @@ def check_up(args: argparse.Namespace) -> None:
             "region, 'aws ec2 describe-images'), or an SSM parameter name starting with '/' "
             "that holds one; dscluster does not guess"
         )
-    from ..sources.aws_cluster import check_world_ssh  # noqa: PLC0415
+    from ..sources.aws.config import check_world_ssh  # noqa: PLC0415
 
     check_world_ssh(args.ssh_cidr, args.allow_world_ssh)
     services = ("ec2", "ssm") if args.ami.startswith("/") else ("ec2",)
@@ -109,11 +108,10 @@ def _say(out: Console):
 
 
 def cmd_aws_up(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from ..sources import aws_cluster, ec2  # noqa: PLC0415
+    from ..sources.aws import instance  # noqa: PLC0415
 
-    sess = ec2.session(args.profile, args.region)
-    result = aws_cluster.up(
-        sess,
+    result = instance.up(
+        aws_session(args),
         args.cluster,
         instance_type=args.type,
         count=args.count,
@@ -131,10 +129,9 @@ def cmd_aws_up(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def cmd_aws_down(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from ..sources import aws_cluster, ec2  # noqa: PLC0415
+    from ..sources.aws import instance  # noqa: PLC0415
 
-    sess = ec2.session(args.profile, args.region)
-    removed = aws_cluster.down(sess, args.cluster, wait_s=args.wait, say=_say(out))
+    removed = instance.down(aws_session(args), args.cluster, wait_s=args.wait, say=_say(out))
     out.print(
         f"aws cluster '{args.cluster}': removed {len(removed)} objects"
         + (f" ({', '.join(removed)})" if removed else ""),

@@ -56,17 +56,19 @@ def _user(text: str) -> str:
 def aws_common(p: argparse.ArgumentParser) -> None:
     """--cluster, --region, --profile: every command that talks to EC2."""
     from .. import validate  # noqa: PLC0415
-    from ..sources import ec2  # noqa: PLC0415
+    from ..sources.aws.config import CLUSTER_TAG  # noqa: PLC0415
+    from ..sources.aws.session import check_region  # noqa: PLC0415
+    from ..sources.names import check_cluster_name  # noqa: PLC0415
 
     p.add_argument(
         "--cluster",
         required=True,
-        type=validate.name_type(ec2.check_cluster_name),
-        help=f"value of the tag {ec2.CLUSTER_TAG}",
+        type=validate.name_type(check_cluster_name),
+        help=f"value of the tag {CLUSTER_TAG}",
     )
     p.add_argument(
         "--region",
-        type=validate.name_type(ec2.check_region),
+        type=validate.name_type(check_region),
         help="AWS region (default: the profile's or AWS_DEFAULT_REGION)",
     )
     p.add_argument("--profile", help="AWS profile (default: boto3's chain, e.g. AWS_PROFILE)")
@@ -74,14 +76,21 @@ def aws_common(p: argparse.ArgumentParser) -> None:
 
 def check_aws_session(args: argparse.Namespace, services: tuple[str, ...] = ("ec2",)) -> None:
     """The profile, the region and the endpoint: refused here, before any AWS request."""
-    from ..sources import ec2  # noqa: PLC0415
+    from ..sources.aws.session import check_session  # noqa: PLC0415
 
-    ec2.check_session(args.profile, args.region, services)
+    check_session(args.profile, args.region, services)
+
+
+def aws_session(args: argparse.Namespace):
+    """The boto3 session of --profile and --region."""
+    from ..sources.aws.session import session  # noqa: PLC0415
+
+    return session(args.profile, args.region)
 
 
 def _aws(isub) -> None:
     from .. import validate  # noqa: PLC0415
-    from ..sources.ec2 import HEAD_ROLE, ROLE_TAG  # noqa: PLC0415
+    from ..sources.aws.config import HEAD_ROLE, ROLE_TAG  # noqa: PLC0415
 
     p = isub.add_parser(
         "aws",
@@ -161,13 +170,14 @@ def _static(isub) -> None:
 
 
 def cmd_inventory_aws(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from ..sources import aws, ec2  # noqa: PLC0415
+    from .. import sources  # noqa: PLC0415
+    from ..sources.aws import discover  # noqa: PLC0415
     from ..util import print_warnings  # noqa: PLC0415
 
-    sess = ec2.session(args.profile, args.region)
-    result = aws.write_inventory(
-        sess,
-        args.cluster,
+    described = sources.describe(
+        "aws",
+        sess=aws_session(args),
+        cluster=args.cluster,
         out_dir=args.out,
         head_tag=args.head_tag,
         user=args.user,
@@ -176,8 +186,9 @@ def cmd_inventory_aws(args: argparse.Namespace, out: Console, err: Console) -> i
         cpu_slots=args.slots,
         console_keys=args.console_keys,
     )
+    result = discover.written_result(described, sources.write(described))
     print_warnings(err, result.warnings)
-    out.print(aws.summary_table(result))
+    out.print(discover.summary_table(result))
     out.print(
         f"wrote {result.hosts_yml} and {result.hostfile}: {len(result.nodes)} hosts, "
         f"{result.total_slots} slots",
@@ -202,37 +213,45 @@ def check_static_or_slurm(args: argparse.Namespace) -> None:
 
 
 def cmd_inventory_slurm(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from .. import sources  # noqa: PLC0415
     from ..sources import slurm, static  # noqa: PLC0415
 
-    written = slurm.write_inventory(
-        args.name,
+    described = sources.describe(
+        "slurm",
+        name=args.name,
         nodelist=args.nodelist,
         slots=args.slots,
         ssh=static.SshOptions(args.user, args.key_file, args.known_hosts),
         out=pathlib.Path(args.out) if args.out else None,
         env=dict(os.environ),
     )
-    nodes = written.nodes
+    written = sources.write(described)
+    found: slurm.Allocation = described.found
+    nodes = found.nodes
     out.print(
         f"wrote {written.hosts_yml} ({len(nodes)} nodes, head {nodes[0]}, "
-        f"slots from {written.slots_source})"
+        f"slots from {found.slots_source})"
     )
-    out.print(f"wrote {written.hostfile} ({sum(written.slots)} slots)")
+    out.print(f"wrote {written.hostfile} ({sum(found.slots)} slots)")
     return 0
 
 
 def cmd_inventory_static(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from .. import sources  # noqa: PLC0415
     from ..sources import static  # noqa: PLC0415
 
-    hosts_yml, hostfile, entries = static.write_inventory(
-        args.hosts,
+    described = sources.describe(
+        "static",
+        hosts=args.hosts,
         head=args.head,
         slots=args.slots,
         name=args.name,
         out=pathlib.Path(args.out) if args.out else None,
         ssh=static.SshOptions(args.user, args.key_file, args.known_hosts),
     )
+    written = sources.write(described)
+    entries = described.found
     total = sum(s for _, s in entries)
-    out.print(f"wrote {hosts_yml} ({len(entries)} hosts, head {entries[0][0]})")
-    out.print(f"wrote {hostfile} ({total} slots)")
+    out.print(f"wrote {written.hosts_yml} ({len(entries)} hosts, head {entries[0][0]})")
+    out.print(f"wrote {written.hostfile} ({total} slots)")
     return 0

@@ -97,16 +97,18 @@ def register(sub) -> None:
 
 
 def cmd_local_up(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from ..sources import local  # noqa: PLC0415
+    from .. import sources  # noqa: PLC0415
 
-    path = local.up(
-        args.name,
-        args.nodes,
+    described = sources.describe(
+        "local",
+        name=args.name,
+        nodes=args.nodes,
         cpu_slots=args.slots,
         shm_size=args.shm_size,
         image=args.image,
         console=err,
     )
+    path = sources.write(described).hosts_yml
     out.print(f"local cluster '{args.name}': {args.nodes} nodes, inventory {path}")
     return 0
 
@@ -146,7 +148,7 @@ def cmd_image_bake(args: argparse.Namespace, out: Console, err: Console) -> int:
             f"--name NAME --image {plan.name}, then dscluster provision -i inventories/NAME"
         )
         return 0
-    from ..sources.ec2 import session  # noqa: PLC0415
+    from ..sources.aws.session import session  # noqa: PLC0415
 
     ami = bake.bake_aws(plan, session(args.profile, plan.region or None), console=err)
     out.print(

@@ -38,6 +38,8 @@ class Cluster:
     hostfile: bool = True  # write a hostfile of the expected slots
     known_hosts: pathlib.Path | None = None  # where the cluster's host keys live
     known_hosts_text: str | None = None  # written there after the inventory, when given
+    out: pathlib.Path | None = None  # the inventory directory the source chose
+    found: Any = None  # what the source learnt beyond the inventory, for its command's summary
 
     @property
     def head(self) -> Node:
@@ -73,9 +75,13 @@ def render_hosts_yml(data: dict[str, Any], header: str) -> str:
     return header.rstrip() + "\n" + yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
 
 
-def write(cluster: Cluster, out: pathlib.Path) -> Written:
-    """Render hosts.yml, hostfile and known_hosts, then write them as one transaction
-    (util.write_files): on any error every file that was there is unchanged."""
+def write(cluster: Cluster, out: pathlib.Path | None = None) -> Written:
+    """Render hosts.yml, hostfile and known_hosts into `out` (default: cluster.out), then
+    write them as one transaction (util.write_files): on any error every file that was there
+    is unchanged."""
+    out = out if out is not None else cluster.out
+    if out is None:
+        raise ValueError(f"no inventory directory for cluster {cluster.name}")
     hosts_yml = out / "hosts.yml"
     files: dict[pathlib.Path, str] = {hosts_yml: render_hosts_yml(cluster.data(), cluster.header)}
     modes = {}

@@ -1,10 +1,10 @@
 """A local cluster of systemd node containers on one Docker network.
 
-`up` is idempotent: it creates what is missing, starts what is stopped, and rewrites the
-inventory only when something changed. Trust is bootstrapped over `docker exec`, a channel
-that is already trusted: the controller's bootstrap key goes in that way, and each node's
-own host key comes out that way into the cluster's known_hosts. Nothing is scanned blindly
-and host key checking stays on.
+`start` (this source in sources.describe) is idempotent: it creates what is missing, starts
+what is stopped, and describes the cluster; `cluster.write` rewrites the inventory. Trust is
+bootstrapped over `docker exec`, a channel that is already trusted: the controller's
+bootstrap key goes in that way, and each node's own host key comes out that way into the
+cluster's known_hosts. Nothing is scanned blindly and host key checking stays on.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from .. import paths
 from ..errors import DsclusterError
 from ..paths import state_dir
 from ..util import atomic_write, run
-from .cluster import Cluster, write
+from .cluster import Cluster
 from .cluster import Node as ClusterNode
 from .names import check_cluster_name
 
@@ -177,7 +177,7 @@ def _image_for(name: str, given: str | None, base_image: str, console: Console) 
     return image
 
 
-def up(
+def start(
     name: str,
     nodes: int,
     *,
@@ -186,8 +186,9 @@ def up(
     base_image: str = "debian:bookworm",
     image: str | None = None,
     console: Console | None = None,
-) -> pathlib.Path:
-    """Create or reconcile the cluster; returns the path of its hosts.yml. `image`: start
+) -> Cluster:
+    """This source in the route (sources.describe): create or reconcile the node containers,
+    then describe them as a Cluster for inventories/<name> (not written here). `image`: start
     the nodes from it (a baked image) instead of the node image; remembered in the cluster's
     state directory, so a later `up` without it (e.g. one more node) uses it again."""
     _check_up(name, nodes, cpu_slots)
@@ -251,7 +252,7 @@ def up(
     cluster = describe(
         name, nodes=result, key=key, known_hosts=known_hosts, cpu_slots=cpu_slots, sdir=sdir
     )
-    return write(cluster, inventory_dir(name)).hosts_yml
+    return dataclasses.replace(cluster, out=inventory_dir(name))
 
 
 def describe(

@@ -4,8 +4,8 @@ It runs inside an allocation (salloc / sbatch) or takes --nodelist: the node lis
 (`gpu-[001-004,010],cpu7`) is checked (names, brackets, at most validate.MAX_NODES
 nodes, before expanding) and expanded with python-hostlist (Slurm's own `scontrol show
 hostnames` where no list is given but scontrol is there), slots per node come from what
-Slurm says about the allocation, and `inventories/<name>/hosts.yml` + `hostfile` are written as one
-transaction, head = the first node.
+Slurm says about the allocation, and the cluster (head = the first node) is described for
+`inventories/<name>/hosts.yml` + `hostfile` (`describe_allocation`, in sources.describe).
 
 The pure parts (`expand_nodelist`, `parse_cpus_per_node`, `slots_from_env`) do no I/O, so
 tests and scripts/bench_nodelist.py call them directly. Batch scripts are a job, not a
@@ -29,7 +29,7 @@ from ..hostfile import SLOTS_RULE
 from ..text import show
 from ..validate import MAX_NODES, MAX_SLOTS, check_out_dir
 from . import static
-from .cluster import write
+from .cluster import Cluster
 from .names import check_host_name, check_inventory_name
 
 # One item of SLURM_JOB_CPUS_PER_NODE / SLURM_TASKS_PER_NODE: `72`, or `36(x2)` (two nodes).
@@ -242,15 +242,15 @@ def slurm_spec(
 
 
 @dataclasses.dataclass(frozen=True)
-class WrittenInventory:
-    hosts_yml: pathlib.Path
-    hostfile: pathlib.Path
+class Allocation:
+    """What the Slurm source learnt beyond the inventory (Cluster.found)."""
+
     nodes: list[str]
     slots: list[int]
     slots_source: str  # what the slot counts came from (--slots, SLURM_JOB_GPUS...)
 
 
-def write_inventory(
+def describe_allocation(
     name: str,
     *,
     nodelist: str | None,
@@ -258,8 +258,9 @@ def write_inventory(
     ssh: static.SshOptions,
     out: pathlib.Path | None,
     env: Mapping[str, str],
-) -> WrittenInventory:
-    """`dscluster inventory slurm`: the allocation's (or `nodelist`'s) nodes, written."""
+) -> Cluster:
+    """This source in the route (sources.describe): the allocation's (or `nodelist`'s) nodes
+    as a Cluster for inventories/<name> (or `out`), with found = Allocation."""
     check_inventory_name(name)
     if slots is not None and not 1 <= slots <= MAX_SLOTS:
         raise DsclusterError(
@@ -282,6 +283,5 @@ def write_inventory(
         "# Host keys are checked (StrictHostKeyChecking=yes): the nodes of a Slurm site usually\n"
         "# know each other already; --known-hosts FILE points UserKnownHostsFile at a file.\n"
     )
-    written = write(static.describe(spec, header), target)
-    assert written.hostfile is not None
-    return WrittenInventory(written.hosts_yml, written.hostfile, nodes, counts, source)
+    described = static.describe(spec, header)
+    return dataclasses.replace(described, out=target, found=Allocation(nodes, counts, source))

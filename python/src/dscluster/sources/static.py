@@ -16,7 +16,8 @@ Host keys are always checked: ansible_ssh_common_args carries `StrictHostKeyChec
 and `--known-hosts FILE` points `UserKnownHostsFile` at a known_hosts you trust for these
 machines (your admin's); nothing here scans or trusts keys on first use.
 
-`ClusterSpec` (a host list with slots) and `describe` are shared with the Slurm source.
+`describe_hosts` is this source in sources.describe; `ClusterSpec` (a host list with slots)
+and `describe` are shared with the Slurm source.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from ..hostfile import IPV6_RULE, SLOTS_RULE, render_hostfile
 from ..paths import inventory_dir
 from ..text import show
 from ..validate import MAX_NODES, MAX_SLOTS, check_out_dir
-from .cluster import Cluster, Node, write
+from .cluster import Cluster, Node
 from .names import check_host_name, check_inventory_name
 
 # What a bracket of a host or node list may hold: numbers and low-high ranges, comma-separated.
@@ -337,7 +338,7 @@ def default_out(name: str) -> pathlib.Path:
     return inventory_dir(name)
 
 
-def write_inventory(
+def describe_hosts(
     hosts: str,
     *,
     head: str | None,
@@ -345,8 +346,9 @@ def write_inventory(
     name: str,
     out: pathlib.Path | None,
     ssh: SshOptions,
-) -> tuple[pathlib.Path, pathlib.Path, list[tuple[str, int]]]:
-    """`dscluster inventory static`: (hosts.yml, hostfile, [(host, slots)], head first)."""
+) -> Cluster:
+    """This source in the route (sources.describe): the host list as a Cluster for
+    inventories/<name> (or `out`), with found = [(host, slots)], head first."""
     check_inventory_name(name)
     entries = order_head(parse_hosts(hosts, slots), head)
     target = check_out_dir(out or default_out(name))
@@ -365,6 +367,4 @@ def write_inventory(
         "# Host keys are checked (StrictHostKeyChecking=yes): the controller's known_hosts (or\n"
         "# --known-hosts FILE) must already hold them.\n"
     )
-    written = write(describe(spec, header), target)
-    assert written.hostfile is not None
-    return written.hosts_yml, written.hostfile, entries
+    return dataclasses.replace(describe(spec, header), out=target, found=entries)

@@ -1,4 +1,4 @@
-"""`dscluster inventory aws`: running EC2 instances of a cluster -> hosts.yml + hostfile.
+"""`dscluster inventory aws`: running EC2 instances of a cluster -> its nodes -> a Cluster.
 
 Host keys: a node's first SSH connection must not trust a key it is merely shown. cloud-init
 prints each instance's SSH host keys to the serial console at first boot, between
@@ -15,6 +15,9 @@ an inventory must not half-describe a cluster that is still starting.
 What each host is expected to carry (accelerator kind and count, EFA) comes from
 `describe_instance_types`; the roles detect the real thing on the node, this is the
 cross-check and the slot count of the first hostfile, written before any SSH.
+
+Host keys come in `discover` (instances -> nodes); `describe` turns the nodes into the
+cluster's inventory; `describe_cluster` is this source's entry in the route (sources.describe).
 """
 
 from __future__ import annotations
@@ -32,21 +35,14 @@ from typing import Any
 
 from rich.table import Table
 
-from ..errors import DsclusterError
-from ..paths import inventory_dir, state_dir
-from ..validate import MAX_SLOTS, read_text
-from .cluster import Cluster, write
-from .cluster import Node as ClusterNode
-from .ec2 import (
-    CLUSTER_TAG,
-    ROLE_TAG,
-    aws_errors,
-    cluster_filter,
-    ec2_client,
-    endpoint,
-    tag_value,
-)
-from .names import HOSTNAME_RE
+from ...errors import DsclusterError
+from ...paths import inventory_dir, state_dir
+from ...validate import MAX_SLOTS, read_text
+from ..cluster import Cluster, Written, write
+from ..cluster import Node as ClusterNode
+from ..names import HOSTNAME_RE
+from .config import CLUSTER_TAG, HEAD_ROLE, ROLE_TAG, cluster_filter, tag_value
+from .session import aws_errors, ec2_client, endpoint, error_code
 
 # DescribeInstances takes MaxResults 5..1000; 200 keeps each response small and is one page per
 # 200 instances on AWS (moto pages by reservation).
@@ -55,6 +51,7 @@ INSTANCES_PAGE_SIZE = 200
 # kept well inside; the brief and AWS both use batches of 100).
 BATCH = 100
 
+LIVE_STATES = ["pending", "running"]
 # Accelerators AWS does not report in DescribeInstanceTypes (no GpuInfo/NeuronInfo entry).
 # Source for dl1.24xlarge: AWS Compute Blog, "Amazon EC2 DL1 instances Deep Dive"
 # (https://aws.amazon.com/blogs/compute/amazon-ec2-dl1-instances-deep-dive/): "eight Intel-Habana
@@ -138,6 +135,28 @@ class Result:
         return sum(n.slots for n in self.nodes)
 
 
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """What `dscluster inventory aws` lets a user choose: the keywords of discover,
+    describe_cluster and write_inventory."""
+
+    head_tag: tuple[str, str] = (ROLE_TAG, HEAD_ROLE)
+    user: str | None = None
+    key_file: str | None = None
+    public: bool = False
+    cpu_slots: int = 1
+    console_keys: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """What discovery learnt beyond the inventory (Cluster.found), for the command's summary."""
+
+    nodes: list[Node]
+    region: str
+    warnings: list[str]
+
+
 # ---------------------------------------------------------------- AWS reads
 
 
@@ -146,20 +165,22 @@ def _batches(items: list[str], size: int = BATCH) -> Iterable[list[str]]:
         yield items[i : i + size]
 
 
-def cluster_instances(ec2: Any, cluster: str) -> list[dict[str, Any]]:
-    """Every pending/running instance tagged with the cluster, through the paginator."""
-    instances = []
+def live_instances(ec2: Any, cluster: str, states: list[str]) -> list[dict[str, Any]]:
+    """Every instance of the cluster in one of `states`, through the paginator."""
+    result = []
     pages = ec2.get_paginator("describe_instances").paginate(
-        Filters=[
-            cluster_filter(cluster),
-            {"Name": "instance-state-name", "Values": ["pending", "running"]},
-        ],
+        Filters=[cluster_filter(cluster), {"Name": "instance-state-name", "Values": states}],
         PaginationConfig={"PageSize": INSTANCES_PAGE_SIZE},
     )
     for page in pages:
         for reservation in page.get("Reservations", []):
-            instances.extend(reservation.get("Instances", []))
-    return instances
+            result.extend(reservation.get("Instances", []))
+    return result
+
+
+def cluster_instances(ec2: Any, cluster: str) -> list[dict[str, Any]]:
+    """Every pending/running instance tagged with the cluster."""
+    return live_instances(ec2, cluster, LIVE_STATES)
 
 
 def _from_aws(item: dict[str, Any]) -> TypeInfo:
@@ -282,7 +303,7 @@ def fetch_host_keys(ec2: Any, instance_ids: list[str]) -> dict[str, tuple[str, .
         try:
             encoded = ec2.get_console_output(InstanceId=iid).get("Output") or ""
         except Exception as exc:
-            code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+            code = error_code(exc)
             if code in ("UnauthorizedOperation", "AccessDenied", "AccessDeniedException"):
                 raise DsclusterError(
                     f"not allowed to read the console output of {iid} (ec2:GetConsoleOutput), "
@@ -380,30 +401,49 @@ def host_names(instances: list[dict[str, Any]]) -> dict[str, str]:
     return result
 
 
-# ---------------------------------------------------------------- build + write
+# ---------------------------------------------------------------- instances -> nodes
 
 
-def discover(  # noqa: C901, PLR0912, PLR0913, PLR0915 - discovery in one pass: instances, types, images, host keys, warnings
-    sess: Any,
-    cluster: str,
-    *,
-    head_tag: tuple[str, str] = (ROLE_TAG, "head"),
-    user: str | None = None,
-    key_file: str | None = None,
-    public: bool = False,
-    cpu_slots: int = 1,
-    console_keys: bool = True,
-    known_hosts: pathlib.Path | None = None,
-) -> tuple[list[Node], list[str]]:
-    """The cluster's nodes (head first, then in launch order) and warnings; no writes.
+@dataclasses.dataclass(frozen=True)
+class _Read:
+    """What EC2 says about the cluster's running instances."""
 
-    A node whose console shows no host key must already be pinned in known_hosts (the
-    cluster's, by default), else the command stops: nothing is trusted on first use."""
-    known_hosts = known_hosts or state_dir(cluster) / "known_hosts"
-    if not 1 <= cpu_slots <= MAX_SLOTS:
-        raise DsclusterError(
-            f"--slots {cpu_slots} is out of range; give slots per CPU host from 1 to {MAX_SLOTS}"
-        )
+    running: list[dict[str, Any]]
+    types: dict[str, TypeInfo]
+    amis: dict[str, dict[str, Any]]
+    keys: dict[str, tuple[str, ...]]  # instance id -> console host keys
+    warnings: list[str]
+
+
+@dataclasses.dataclass
+class _Refused:
+    """Instances no node can be made of, each kind refused in one line after the loop."""
+
+    windows: list[str] = dataclasses.field(default_factory=list)
+    unknown: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # AMI -> ids
+    no_address: list[str] = dataclasses.field(default_factory=list)
+
+    def check(self, public: bool) -> None:
+        if self.windows:
+            raise DsclusterError(
+                f"instances {', '.join(self.windows)} run Windows, which dscluster cannot "
+                f"provision; remove their {CLUSTER_TAG} tag"
+            )
+        if self.unknown:
+            label, ids = next(iter(self.unknown.items()))
+            raise DsclusterError(
+                f"cannot tell the SSH user of AMI {label} used by {', '.join(ids)}; pass --user"
+            )
+        if self.no_address:
+            kind = "public" if public else "private"
+            raise DsclusterError(
+                f"instances {', '.join(self.no_address)} have no {kind} address; "
+                + ("drop --public or give them public IPs" if public else "check their network")
+            )
+
+
+def _read(sess: Any, cluster: str, console_keys: bool) -> _Read:
+    """The running instances (none pending), their types, AMIs and console host keys."""
     region = sess.region_name
     ec2 = ec2_client(sess)
     with aws_errors(region, endpoint(ec2)):
@@ -424,85 +464,88 @@ def discover(  # noqa: C901, PLR0912, PLR0913, PLR0915 - discovery in one pass: 
         types, warnings = instance_types(ec2, (str(i["InstanceType"]) for i in running))
         amis = images(ec2, (str(i.get("ImageId")) for i in running if i.get("ImageId")))
         keys = fetch_host_keys(ec2, [str(i["InstanceId"]) for i in running]) if console_keys else {}
+    return _Read(running, types, amis, keys, warnings)
 
-    head = choose_head(running, head_tag)
-    ordered = [head, *sorted((i for i in running if i is not head), key=_launch_key)]
-    names = host_names(running)
-    nodes: list[Node] = []
-    unknown: dict[str, list[str]] = {}
-    windows: list[str] = []
-    no_address: list[str] = []
-    for inst in ordered:
-        iid = str(inst["InstanceId"])
-        image = amis.get(str(inst.get("ImageId")))
-        family, family_user = ami_family(image)
-        if family == "windows":
-            windows.append(iid)
-            continue
-        if not (user or family_user):
-            label = f"{inst.get('ImageId')} ({image.get('Name')})" if image else inst.get("ImageId")
-            unknown.setdefault(str(label), []).append(iid)
-            continue
-        if public:
-            address = inst.get("PublicIpAddress") or inst.get("PublicDnsName")
-        else:
-            address = inst.get("PrivateIpAddress")
-        if not address:
-            no_address.append(iid)
-            continue
-        info = types[str(inst["InstanceType"])]
-        if key_file:
-            key: str | None = str(pathlib.Path(key_file).expanduser().resolve())
-        elif inst.get("KeyName"):
-            key = f"~/.ssh/{inst['KeyName']}.pem"
-        else:
-            key = None
-        nodes.append(
-            Node(
-                name=names[iid],
-                instance=inst,
-                info=info,
-                family=family,
-                user=str(user or family_user),
-                key_file=key,
-                address=str(address),
-                slots=info.slots(cpu_slots),
-                host_keys=keys.get(iid, ()),
-            )
-        )
-    if windows:
-        raise DsclusterError(
-            f"instances {', '.join(windows)} run Windows, which dscluster cannot provision; "
-            f"remove their {CLUSTER_TAG} tag"
-        )
-    if unknown:
-        label, ids = next(iter(unknown.items()))
-        raise DsclusterError(
-            f"cannot tell the SSH user of AMI {label} used by {', '.join(ids)}; pass --user"
-        )
-    if no_address:
-        kind = "public" if public else "private"
-        raise DsclusterError(
-            f"instances {', '.join(no_address)} have no {kind} address; "
-            + ("drop --public or give them public IPs" if public else "check their network")
-        )
-    warnings += sorted({n.info.note for n in nodes if n.info.note})
+
+def _key_file(inst: dict[str, Any], key_file: str | None) -> str | None:
+    """--key-file, else the instance's EC2 key pair as ~/.ssh/<KeyName>.pem, else none."""
+    if key_file:
+        return str(pathlib.Path(key_file).expanduser().resolve())
+    if inst.get("KeyName"):
+        return f"~/.ssh/{inst['KeyName']}.pem"
+    return None
+
+
+def _node(
+    inst: dict[str, Any], name: str, read: _Read, opts: Options, refused: _Refused
+) -> Node | None:
+    """One instance as a node, or None when refused (noted in `refused`)."""
+    iid = str(inst["InstanceId"])
+    image = read.amis.get(str(inst.get("ImageId")))
+    family, family_user = ami_family(image)
+    if family == "windows":
+        refused.windows.append(iid)
+        return None
+    if not (opts.user or family_user):
+        label = f"{inst.get('ImageId')} ({image.get('Name')})" if image else inst.get("ImageId")
+        refused.unknown.setdefault(str(label), []).append(iid)
+        return None
+    if opts.public:
+        address = inst.get("PublicIpAddress") or inst.get("PublicDnsName")
+    else:
+        address = inst.get("PrivateIpAddress")
+    if not address:
+        refused.no_address.append(iid)
+        return None
+    info = read.types[str(inst["InstanceType"])]
+    return Node(
+        name=name,
+        instance=inst,
+        info=info,
+        family=family,
+        user=str(opts.user or family_user),
+        key_file=_key_file(inst, opts.key_file),
+        address=str(address),
+        slots=info.slots(opts.cpu_slots),
+        host_keys=read.keys.get(iid, ()),
+    )
+
+
+def _nodes(read: _Read, opts: Options) -> list[Node]:
+    """Head first, then in launch order; refused when any instance cannot be a node."""
+    head = choose_head(read.running, opts.head_tag)
+    ordered = [head, *sorted((i for i in read.running if i is not head), key=_launch_key)]
+    names = host_names(read.running)
+    refused = _Refused()
+    nodes = [
+        node
+        for inst in ordered
+        if (node := _node(inst, names[str(inst["InstanceId"])], read, opts, refused))
+    ]
+    refused.check(opts.public)
+    return nodes
+
+
+def _some(texts: list[str]) -> str:
+    """The first five, then how many more."""
+    return ", ".join(texts[:5]) + (f" and {len(texts) - 5} more" if len(texts) > 5 else "")
+
+
+def _key_warnings(nodes: list[Node], known_hosts: pathlib.Path, console_keys: bool) -> list[str]:
+    """Refuse a node with neither console keys nor a pinned key; warn where SSH will fall back."""
+    warnings = []
     pinned = pinned_hosts(known_hosts)
     # ssh looks the key up by the address it connects to (ansible_host), not the name
     keyless = [n for n in nodes if not n.host_keys and n.address not in pinned]
     if keyless and console_keys:
-        shown = ", ".join(f"{n.instance_id} ({n.name})" for n in keyless[:5]) + (
-            f" and {len(keyless) - 5} more" if len(keyless) > 5 else ""
-        )
+        shown = _some([f"{n.instance_id} ({n.name})" for n in keyless])
         raise DsclusterError(
             f"no SSH host key in the EC2 console output of {shown} yet, and none pinned in "
             f"{known_hosts}: cloud-init prints them a few minutes after first boot; wait and "
             "run 'dscluster inventory aws' again (a host key is never trusted on first use)"
         )
     if keyless:
-        shown = ", ".join(n.name for n in keyless[:5]) + (
-            f" and {len(keyless) - 5} more" if len(keyless) > 5 else ""
-        )
+        shown = _some([n.name for n in keyless])
         warnings.append(
             f"--no-console-keys: no host key of {shown} is pinned in {known_hosts}; SSH to "
             "them is refused (StrictHostKeyChecking=yes) until their keys are added there"
@@ -512,7 +555,32 @@ def discover(  # noqa: C901, PLR0912, PLR0913, PLR0915 - discovery in one pass: 
             "no instance has an EC2 key pair and no --key-file was given; SSH will use your "
             "agent or ~/.ssh/config"
         )
+    return warnings
+
+
+def discover(
+    sess: Any, cluster: str, *, known_hosts: pathlib.Path | None = None, **options: Any
+) -> tuple[list[Node], list[str]]:
+    """The cluster's nodes (head first, then in launch order) and warnings; no writes.
+    `options`: the fields of Options.
+
+    A node whose console shows no host key must already be pinned in known_hosts (the
+    cluster's, by default), else the command stops: nothing is trusted on first use."""
+    opts = Options(**options)
+    known_hosts = known_hosts or state_dir(cluster) / "known_hosts"
+    if not 1 <= opts.cpu_slots <= MAX_SLOTS:
+        raise DsclusterError(
+            f"--slots {opts.cpu_slots} is out of range; give slots per CPU host from 1 to "
+            f"{MAX_SLOTS}"
+        )
+    read = _read(sess, cluster, opts.console_keys)
+    nodes = _nodes(read, opts)
+    warnings = read.warnings + sorted({n.info.note for n in nodes if n.info.note})
+    warnings += _key_warnings(nodes, known_hosts, opts.console_keys)
     return nodes, warnings
+
+
+# ---------------------------------------------------------------- nodes -> cluster
 
 
 def _host_vars(node: Node) -> dict[str, Any]:
@@ -588,36 +656,32 @@ def inventory_data(
     return describe(cluster, region, nodes, cpu_slots, known_hosts).data()
 
 
-def write_inventory(  # noqa: PLR0913 - the inventory aws command's options, each a keyword
-    sess: Any,
-    cluster: str,
-    *,
-    out_dir: str | pathlib.Path | None = None,
-    head_tag: tuple[str, str] = (ROLE_TAG, "head"),
-    user: str | None = None,
-    key_file: str | None = None,
-    public: bool = False,
-    cpu_slots: int = 1,
-    console_keys: bool = True,
-) -> Result:
-    """Discover, render both files, then write them (nothing is written on any error)."""
+def describe_cluster(
+    sess: Any, cluster: str, *, out_dir: str | pathlib.Path | None = None, **options: Any
+) -> Cluster:
+    """This source in the route (sources.describe): the cluster's running instances as a
+    Cluster for inventories/aws (or `out_dir`), with Found; nothing is written."""
     known_hosts = state_dir(cluster) / "known_hosts"
-    nodes, warnings = discover(
-        sess,
-        cluster,
-        head_tag=head_tag,
-        user=user,
-        key_file=key_file,
-        public=public,
-        cpu_slots=cpu_slots,
-        console_keys=console_keys,
-        known_hosts=known_hosts,
-    )
+    nodes, warnings = discover(sess, cluster, known_hosts=known_hosts, **options)
     region = str(sess.region_name)
     out = pathlib.Path(out_dir).expanduser() if out_dir else inventory_dir("aws")
-    written = write(describe(cluster, region, nodes, cpu_slots, known_hosts), out)
+    described = describe(cluster, region, nodes, Options(**options).cpu_slots, known_hosts)
+    return dataclasses.replace(described, out=out, found=Found(nodes, region, warnings))
+
+
+def written_result(described: Cluster, written: Written) -> Result:
+    """What `inventory aws` reports of a cluster describe_cluster described and write wrote."""
     assert written.hostfile is not None
-    return Result(written.hosts_yml, written.hostfile, nodes, region, warnings)
+    found: Found = described.found
+    return Result(written.hosts_yml, written.hostfile, found.nodes, found.region, found.warnings)
+
+
+def write_inventory(
+    sess: Any, cluster: str, *, out_dir: str | pathlib.Path | None = None, **options: Any
+) -> Result:
+    """Discover, render both files, then write them (nothing is written on any error)."""
+    described = describe_cluster(sess, cluster, out_dir=out_dir, **options)
+    return written_result(described, write(described))
 
 
 def summary_table(result: Result) -> Table:

@@ -1,12 +1,9 @@
-"""EC2 access that `dscluster inventory aws` (aws.py) and `aws up/down` (aws_cluster.py) share.
+"""The boto3 session and clients every AWS command uses, and how their errors read.
 
 Everything talks to EC2 through boto3 and only boto3: credentials come from boto3's own chain
 (profile, environment, SSO, instance role) and are never written anywhere; the endpoint comes
 from boto3 too (`AWS_ENDPOINT_URL`, honoured by botocore itself). Every AWS failure a user can
 fix becomes one DsclusterError line: no credentials, no region, an AWS error code.
-
-Discovery lives in aws.py, cluster creation and removal in aws_cluster.py; both import this
-module and nothing imports them back.
 """
 
 from __future__ import annotations
@@ -17,13 +14,8 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ..errors import DsclusterError
-from ..text import squeeze
-from .names import check_cluster_name
-
-CLUSTER_TAG = "dscluster:cluster"
-ROLE_TAG = "dscluster:role"
-HEAD_ROLE = "head"
+from ...errors import DsclusterError
+from ...text import squeeze
 
 # Error codes that mean "these credentials do not work", not "this request is wrong".
 _AUTH_CODES = {
@@ -42,22 +34,10 @@ _CONFIGURE = (
 )
 
 
-# ---------------------------------------------------------------- local shape checks
-#
-# Each check raises a DsclusterError naming the value and the fix; the CLI turns them into
-# argparse types (validate.name_type), aws_cluster.up runs them again for library callers.
-# Every pattern is a full match.
-
 REGION_RE = re.compile(r"[a-z]{2,4}(-[a-z]+)+-[0-9]{1,2}")
-INSTANCE_TYPE_RE = re.compile(r"[a-z][a-z0-9-]*[a-z0-9]\.[a-z0-9][a-z0-9-]*")
-SUBNET_RE = re.compile(r"subnet-[0-9a-f]{8,17}")
-AMI_RE = re.compile(r"ami-[0-9a-f]{8,17}")
-# An SSM parameter name holding an AMI id (e.g. /aws/service/ami-amazon-linux-latest/...).
-SSM_PARAMETER_RE = re.compile(r"/[A-Za-z0-9_.\-/]{1,2047}")
-# EC2 key pairs: up to 255 ASCII characters, no leading or trailing space. dscluster also
-# refuses '/' and control characters: the name becomes ~/.ssh/<name>.pem in the inventory.
-KEY_NAME_RE = re.compile(r"[!-.0-~]([ !-.0-~]{0,253}[!-.0-~])?")
 ENDPOINT_VARS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_EC2", "AWS_ENDPOINT_URL_SSM")
+# Seconds between two polls of an EC2 waiter or of a retried call.
+WAITER_DELAY_S = 5
 
 
 def check_region(region: str) -> None:
@@ -65,56 +45,6 @@ def check_region(region: str) -> None:
         raise DsclusterError(
             f"AWS region {region!r} is not a region name; give one like us-east-1 or eu-west-2"
         )
-
-
-def check_instance_type(name: str) -> None:
-    if not INSTANCE_TYPE_RE.fullmatch(name):
-        raise DsclusterError(
-            f"instance type {name!r} is not an EC2 type name (family.size); give one like "
-            "p4d.24xlarge or c5.2xlarge"
-        )
-
-
-def check_subnet(subnet: str) -> None:
-    if not SUBNET_RE.fullmatch(subnet):
-        raise DsclusterError(
-            f"subnet {subnet!r} is not a subnet id; give one like subnet-0123456789abcdef0"
-        )
-
-
-def check_ami(ami: str) -> None:
-    if not (AMI_RE.fullmatch(ami) or SSM_PARAMETER_RE.fullmatch(ami)):
-        raise DsclusterError(
-            f"AMI {ami!r} is neither an AMI id nor an SSM parameter name; give one like "
-            "ami-0123456789abcdef0, or a parameter name starting with '/'"
-        )
-
-
-def check_key_name(name: str) -> None:
-    if name.endswith(".pem") or "/" in name:
-        raise DsclusterError(
-            f"key pair name {name!r} looks like a file; give the EC2 key pair's name "
-            "(e.g. train for ~/.ssh/train.pem)"
-        )
-    if not KEY_NAME_RE.fullmatch(name):
-        raise DsclusterError(
-            f"key pair name {name!r} is not an EC2 key pair name; use 1-255 printable ASCII "
-            "characters without leading or trailing spaces (e.g. train)"
-        )
-
-
-def check_cidr(cidr: str) -> None:
-    import ipaddress  # noqa: PLC0415
-
-    try:
-        if "/" not in cidr:
-            raise ValueError("no prefix length")
-        ipaddress.ip_network(cidr, strict=True)
-    except ValueError as exc:
-        raise DsclusterError(
-            f"SSH CIDR {cidr!r} is not a network ({squeeze(exc)}); give address/prefix "
-            "with no host bits, e.g. 203.0.113.7/32 or 10.0.0.0/16"
-        ) from None
 
 
 def check_endpoint_env(environ: Mapping[str, str]) -> None:
@@ -296,35 +226,6 @@ def aws_errors(region: str | None, url: str | None = None) -> Iterator[None]:
         ) from exc
 
 
-def tag_value(resource: dict[str, Any], key: str) -> str | None:
-    for tag in resource.get("Tags") or []:
-        if tag.get("Key") == key:
-            return str(tag.get("Value", ""))
-    return None
-
-
-def cluster_filter(cluster: str) -> dict[str, Any]:
-    return {"Name": f"tag:{CLUSTER_TAG}", "Values": [cluster]}
-
-
-__all__ = [
-    "CLUSTER_TAG",
-    "HEAD_ROLE",
-    "ROLE_TAG",
-    "aws_errors",
-    "check_ami",
-    "check_cidr",
-    "check_cluster_name",
-    "check_endpoint_env",
-    "check_instance_type",
-    "check_key_name",
-    "check_region",
-    "check_session",
-    "check_subnet",
-    "client",
-    "cluster_filter",
-    "ec2_client",
-    "endpoint",
-    "session",
-    "tag_value",
-]
+def error_code(exc: Exception) -> str:
+    """The AWS error code of a botocore ClientError ("" for any other exception)."""
+    return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
