@@ -146,15 +146,17 @@ dist: venv ## Build the sdist, the wheel from it (both carry the collection) and
 molecule: images ## The project and role molecule scenarios, two at a time (each one's output printed when it ends)
 	@$(MAKE) --no-print-directory -j2 --output-sync=target molecule-cluster molecule-accelerators molecule-storage molecule-roles
 
-# Roles that run alone have roles/<role>/molecule/default (on .config/molecule/config.yml).
-MOLECULE_ROLES := $(patsubst roles/%/molecule/default/molecule.yml,%,$(wildcard roles/*/molecule/default/molecule.yml))
+# The collection's scenarios are extensions/molecule/<name> (on extensions/molecule/config.yml),
+# run from the root; a role that runs alone has the scenario named after it.
+MOLECULE_SCENARIOS := $(patsubst extensions/molecule/%/molecule.yml,%,$(wildcard extensions/molecule/*/molecule.yml))
+MOLECULE_ROLES := $(filter $(patsubst roles/_%,%,$(patsubst roles/%/,%,$(wildcard roles/*/))),$(MOLECULE_SCENARIOS))
 
 .PHONY: molecule-roles
-molecule-roles: images ## Role scenarios, one after the other (roles/<role>/molecule/default: apt_repository, doctor, slurm)
+molecule-roles: images ## Role scenarios, one after the other (extensions/molecule/<role>: apt_repository, doctor, slurm)
 	@for role in $(MOLECULE_ROLES); do $(MAKE) --no-print-directory molecule-role-$$role || exit 1; done
 
 molecule-role-%: images
-	img=$$($(DSC) image) && cd roles/$* && DSCLUSTER_NODE_IMAGE=$$img $(NICE) $(CURDIR)/$(BIN)/molecule test; \
+	DSCLUSTER_NODE_IMAGE=$$($(DSC) image) $(NICE) $(BIN)/molecule test -s $*; \
 	  rc=$$?; docker volume rm -f dsc-$*-shared >/dev/null 2>&1; exit $$rc
 
 .PHONY: molecule-cluster
@@ -166,7 +168,7 @@ molecule-cluster: images ## molecule test -s cluster (head + 1 worker, converge 
 .PHONY: molecule-accelerators
 molecule-accelerators: images ## molecule test -s accelerators (NVIDIA/CUDA/Gaudi/EFA/NCCL roles vs stand-in vendor repos)
 	DSCLUSTER_NODE_IMAGE=$$($(DSC) image) \
-	DSCLUSTER_STANDIN_IMAGE=$$(bash molecule/accelerators/standin/image.sh) \
+	DSCLUSTER_STANDIN_IMAGE=$$(bash extensions/molecule/accelerators/standin/image.sh) \
 	  $(NICE) $(BIN)/molecule test -s accelerators
 
 .PHONY: molecule-storage

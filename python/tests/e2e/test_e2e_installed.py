@@ -153,7 +153,9 @@ def test_the_wheel_ships_what_ansible_galaxy_builds(installed: dict):
     assert in_wheel == in_tarball, (sorted(in_wheel - in_tarball), sorted(in_tarball - in_wheel))
     assert "inventories/sample/hosts.yml" in in_tarball
     assert not [
-        p for p in in_tarball if p.startswith(("python/", "molecule/", "docker/", ".ansible/"))
+        p
+        for p in in_tarball
+        if p.startswith(("python/", "extensions/molecule/", "docker/", ".ansible/"))
     ]
 
 

@@ -67,10 +67,11 @@ def test_ansible_playbook_site_yml_from_the_root(cluster: pathlib.Path):
 
 
 def test_the_cluster_scenarios_verify_passes_on_the_e2e_cluster(cluster: pathlib.Path):
-    """molecule/cluster/verify.yml (SSH between every pair with pinned keys, distinct host
-    keys, one stack and wheel set everywhere matching the lock, the wheelhouse on shared
-    storage once, pdsh from the head, cpu_adam loads without JIT, facts on the controller)."""
-    proc = ansible_playbook("molecule/cluster/verify.yml", cluster)
+    """extensions/molecule/cluster/verify.yml (SSH between every pair with pinned keys,
+    distinct host keys, one stack and wheel set everywhere matching the lock, the wheelhouse on
+    shared storage once, pdsh from the head, cpu_adam loads without JIT, facts on the
+    controller)."""
+    proc = ansible_playbook("extensions/molecule/cluster/verify.yml", cluster)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     recap = {m[0]: [int(x) for x in m[1:]] for m in RECAP.findall(proc.stdout)}
     assert sorted(recap) == sorted(f"{cluster.name}-n{i}" for i in (1, 2, 3)), proc.stdout[-2000:]
