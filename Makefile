@@ -152,7 +152,7 @@ MOLECULE_SCENARIOS := $(patsubst extensions/molecule/%/molecule.yml,%,$(wildcard
 MOLECULE_ROLES := $(filter $(patsubst roles/_%,%,$(patsubst roles/%/,%,$(wildcard roles/*/))),$(MOLECULE_SCENARIOS))
 
 .PHONY: molecule-roles
-molecule-roles: images ## Role scenarios, one after the other (extensions/molecule/<role>: apt_repository, doctor, slurm)
+molecule-roles: images ## Role scenarios, one after the other (extensions/molecule/<role>: apt_repo, doctor, slurm)
 	@for role in $(MOLECULE_ROLES); do $(MAKE) --no-print-directory molecule-role-$$role || exit 1; done
 
 molecule-role-%: images

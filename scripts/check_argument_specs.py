@@ -2,9 +2,9 @@
 """Check that every role's meta/argument_specs.yml matches its defaults/main.yml.
 
 For each roles/<role>/ the option keys of the `main` entry point must be exactly the
-keys of defaults/main.yml; other entry points (include_role tasks_from, e.g. apt_repository's
+keys of defaults/main.yml; other entry points (include_role tasks_from, e.g. _apt_repo's
 `cache`) may list only keys of defaults/main.yml. Every option of every entry point must
-carry a `type` and a `description`. A defaults-only role (dscluster_defaults) is checked the
+carry a `type` and a `description`. A defaults-only role (_dscluster_defaults) is checked the
 same way.
 Exits 0 when all roles agree, 1 naming each role and the keys that differ.
 

@@ -22,7 +22,7 @@ from .util import atomic_write, run, tool
 from .validate import read_text
 
 # The rendezvous port when the inventory sets no dscluster_master_port (the same value as
-# roles/dscluster_defaults' dscluster_master_port): the one place it is written.
+# roles/_dscluster_defaults' dscluster_master_port): the one place it is written.
 DEFAULT_MASTER_PORT = 29500
 
 

@@ -20,11 +20,11 @@ ROLE_PATHS = {
     ("ml_stack", "ml_stack_node_wheelhouse"): "wheelhouse_dir",
     ("ml_stack", "ml_stack_shared_storage"): "kind",
     ("doctor", "doctor_scratch_dir"): "scratch_dir",
-    ("dscluster_defaults", "dscluster_jobs_dir"): "jobs_dir",
-    ("dscluster_defaults", "dscluster_checkpoint_dir"): "checkpoint_dir",
-    ("dscluster_defaults", "dscluster_wheelhouse_dir"): "wheelhouse_dir",
-    ("dscluster_defaults", "dscluster_scratch_dir"): "scratch_dir",
-    ("dscluster_defaults", "dscluster_shared_storage"): "kind",
+    ("_dscluster_defaults", "dscluster_jobs_dir"): "jobs_dir",
+    ("_dscluster_defaults", "dscluster_checkpoint_dir"): "checkpoint_dir",
+    ("_dscluster_defaults", "dscluster_wheelhouse_dir"): "wheelhouse_dir",
+    ("_dscluster_defaults", "dscluster_scratch_dir"): "scratch_dir",
+    ("_dscluster_defaults", "dscluster_shared_storage"): "kind",
 }
 
 CASES = [
@@ -51,9 +51,11 @@ def _render(template: object, context: dict) -> object:
 
 
 def cluster_vars(variables: dict) -> dict:
-    """roles/dscluster_defaults' values under the inventory's, each rendered in terms of the
+    """roles/_dscluster_defaults' values under the inventory's, each rendered in terms of the
     others as Ansible does lazily (the controller-side cache paths, env lookups, are left out)."""
-    defaults = yaml.safe_load(rolefiles.path("dscluster_defaults", "defaults/main.yml").read_text())
+    defaults = yaml.safe_load(
+        rolefiles.path("_dscluster_defaults", "defaults/main.yml").read_text()
+    )
     raw = {k: v for k, v in defaults.items() if "lookup(" not in str(v)} | variables
     context = dict(raw)
     for _ in range(len(raw)):  # a chain of references is at most this long
