@@ -14,10 +14,10 @@ from .. import rolefiles
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "accelerators"
 ACCELERATORS_FACT = rolefiles.path("node_facts", "files/accelerators.fact")
-NCCL_PROFILE = rolefiles.path("nccl_env", "files/nccl_profile.py")
+NCCL_PROFILE = rolefiles.REPO / "plugins" / "module_utils" / "nccl_profile.py"
 
 accelerators = rolefiles.load("node_facts", "accelerators.fact")
-nccl_profile = rolefiles.load("nccl_env", "nccl_profile.py")
+nccl_profile = rolefiles.load_util("nccl_profile")
 
 
 def fixture(name: str) -> str:

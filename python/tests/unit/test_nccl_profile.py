@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from .. import rolefiles
 from .accel_fixtures import (
     NCCL_PROFILE,
     accelerators,
@@ -210,13 +211,10 @@ def test_bad_overrides_fail_naming_the_node(tmp_path, overrides, needle):
     assert needle in str(info.value)
 
 
-def run_cli(
-    *args: str, stdin: str | None = None, source: bool = False
-) -> subprocess.CompletedProcess:
-    """The script's CLI; source: its source run as python3 -c (as nccl_env runs state)."""
-    program = ["-c", NCCL_PROFILE.read_text()] if source else [str(NCCL_PROFILE)]
+def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """The script's CLI, as it runs installed on the node."""
     return subprocess.run(
-        [sys.executable, *program, *args],
+        [sys.executable, str(NCCL_PROFILE), *args],
         input=stdin,
         capture_output=True,
         text=True,
@@ -247,7 +245,7 @@ def test_cli_profile_and_check_ifname(tmp_path):
 
 
 def run_state(*args: str, stdin: str) -> subprocess.CompletedProcess:
-    return run_cli("state", *args, stdin=stdin, source=True)
+    return run_cli("state", *args, stdin=stdin)
 
 
 def test_cli_state_reads_the_profile_its_interfaces_and_the_files_in_one_run(tmp_path):
@@ -293,3 +291,22 @@ def test_cli_state_says_why_a_profile_cannot_work_and_still_reads_the_files(tmp_
     assert not_json.returncode == 1
     assert not_json.stderr.strip().splitlines() == [not_json.stderr.strip()]
     assert not_json.stderr.startswith("gpu-b: --overrides is not JSON")
+
+
+def test_nccl_env_info_returns_what_the_state_cli_prints(tmp_path):
+    """plugins/modules/nccl_env_info.py, as the nccl_env role runs it (and in check mode): the
+    same profile, error and file readings as `nccl_profile.py state`."""
+    fact = fact_from(tmp_path / "root", nvidia_smi=fixture("nvidia-smi-L_4x_a100_mig.txt"))
+    conf = tmp_path / "nccl.conf"
+    conf.write_text("NCCL_DEBUG=INFO\n")
+    paths = [str(tmp_path), str(conf), str(tmp_path / "nccl_env.fact")]
+    for overrides in ({"env": {"NCCL_DEBUG": "INFO"}}, {"profile": "ib"}):
+        request = {"fact": fact, "overrides": overrides, "paths": paths}
+        state = rolefiles.info_state("nccl", request)
+        cli = run_state(
+            "--fact", "-", "--overrides", json.dumps(overrides), *(f"--file={p}" for p in paths),
+            stdin=json.dumps(fact),
+        )  # fmt: skip
+        assert cli.returncode == 0, cli.stderr
+        assert state == json.loads(cli.stdout)
+    assert state["profile"] is None and "no InfiniBand HCA" in state["error"]

@@ -1,7 +1,10 @@
 #!/usr/bin/python3
 """Choose this node's NCCL / HCCL / libfabric / gloo environment from its accelerators fact.
 
-Pure functions (imported by the tests) plus a small CLI the nccl_env role runs on the node:
+Pure functions (imported by the tests and by the nccl_env_info module, which reads the node
+with node_state() in one round trip) plus a small CLI: the nccl_env role installs this file
+as /opt/dscluster/bin/nccl_profile.py, where doctor runs it, and its preflight runs it on the
+controller.
 
     nccl_profile.py profile --fact FILE|- [--overrides JSON] [--ofi-nccl-dir DIR]...
         -> {"profile", "env", "nccl_conf", "socket_ifname", "interfaces"} as JSON on stdout
@@ -11,9 +14,8 @@ Pure functions (imported by the tests) plus a small CLI the nccl_env role runs o
     nccl_profile.py state --fact FILE|- [profile's options] [--file PATH]...
         -> {"profile": the profile (its interfaces checked as check-ifname does) or null,
            "error": why not or null, "files": {PATH: {uid, gid, mode, isdir} or
-           {uid, gid, mode, sha1, text} or null}}: what the role decides its writes on, in
-           one round trip (run as python3 -c, before the script itself is installed); exit 0
-           unless the arguments are wrong
+           {uid, gid, mode, sha1, text} or null}}: what nccl_env_info returns; exit 0 unless
+           the arguments are wrong
 
 FILE is what roles/node_facts/files/accelerators.fact prints. Errors are one line on stderr
 and exit status 1. Standard library only; Python 3.9+ (nodes run their distribution's python3).
