@@ -1,4 +1,4 @@
-"""doctor_probe.py's `start` for real, run as the doctor role runs it (`python3 -c <probe>`):
+"""doctor_probe.py's `start` for real, run as the doctor role runs it (`python3 <probe>`):
 one call makes the private directory, writes the probe there, starts the listener from that
 copy in the background and returns the ports it bound; the listener answers with the host's
 name, and removing the directory stops it."""
@@ -23,7 +23,7 @@ PROBE = rolefiles.REPO / "roles" / "doctor" / "files" / "doctor_probe.py"
 
 def start(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", PROBE.read_text(), "start", *args],
+        [sys.executable, str(PROBE), "start", *args],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
 
@@ -97,7 +97,7 @@ def test_a_listener_that_cannot_start_fails_in_one_line_and_leaves_nothing(tmp_p
     # a port no socket takes: the listener dies before it writes its state
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     proc = subprocess.run(
-        [sys.executable, "-c", PROBE.read_text(), "start", "--rendezvous", "70000"],
+        [sys.executable, str(PROBE), "start", "--rendezvous", "70000"],
         capture_output=True, text=True, timeout=60, check=False, env=env,
     )  # fmt: skip
     assert proc.returncode == 1 and proc.stdout == ""
@@ -120,7 +120,7 @@ date +%s.%N
 
 
 def test_ssh_logs_in_a_few_at_a_time_starting_after_this_node(tmp_path):
-    """`ssh` as the doctor role runs it (python3 -c <probe> ssh --hosts ... --me HOST): every
+    """`ssh` as the doctor role runs it (python3 <probe> ssh --hosts ... --me HOST): every
     host answered in the play's order, never more than SSH_PARALLEL logins in flight, and
     this node's first logins go to the hosts after it (all nodes starting with the first host
     put every node's first login on one sshd, past its MaxStartups on more than 10 nodes)."""
@@ -133,7 +133,7 @@ def test_ssh_logs_in_a_few_at_a_time_starting_after_this_node(tmp_path):
     hosts = [f"n{i:02d}" for i in range(1, 12)] + ["refused"]
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STATE": str(state)}
     env["USER"] = "ds"  # as become sets it (os.getlogin() needs a terminal)
-    argv = [sys.executable, "-c", PROBE.read_text(), "ssh", "--hosts", ",".join(hosts)]
+    argv = [sys.executable, str(PROBE), "ssh", "--hosts", ",".join(hosts)]
     done = subprocess.run(
         [*argv, "--timeout", "3", "--me", "n05"],
         env=env, capture_output=True, text=True, timeout=120, check=False,

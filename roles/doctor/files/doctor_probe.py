@@ -6,8 +6,8 @@ the controller judges them):
   node     this node's own checks: name resolution of every cluster host, /dev/shm, free
            disk, the versions manifest (live, through the cluster venv), libaio and the
            async_io op, socket interface names, accelerators detected now, the shared token
-  start    the first call, run as `python3 -c <this file> start ...`: make a private directory
-           (0755, so the training user can run the probe), write this file there, start the
+  start    the first call, run by ansible.builtin.script: make a private directory (0755, so
+           the training user can run the probe), copy this file there, start the
            listener from it in the background and print the ports it bound and the directory
            (removing the directory stops the listener within a second)
   listen   bind the rendezvous port / sampled ephemeral ports, answer each connection with
@@ -254,24 +254,12 @@ def cmd_listen(args: argparse.Namespace) -> dict:
     return state
 
 
-def own_source() -> str:
-    """This file's text when run as `python3 -c <text>` (sys.orig_argv from Python 3.10, the
-    process's command line before)."""
-    argv = getattr(sys, "orig_argv", None)
-    if argv is None:
-        raw = pathlib.Path("/proc/self/cmdline").read_bytes().split(b"\0")
-        argv = [part.decode(errors="surrogateescape") for part in raw]
-    if "-c" in argv[:-1]:
-        return argv[argv.index("-c") + 1]
-    return pathlib.Path(__file__).read_text()
-
-
 def cmd_start(args: argparse.Namespace) -> dict:
     """Directory, probe file, listener in the background; the listener's state once written."""
     directory = tempfile.mkdtemp(prefix="dscluster-doctor-")
     os.chmod(directory, 0o755)
     probe = os.path.join(directory, "doctor_probe.py")
-    pathlib.Path(probe).write_text(own_source())
+    shutil.copyfile(__file__, probe)
     os.chmod(probe, 0o644)
     state = os.path.join(directory, "listen.json")
     argv = [sys.executable, probe, "listen", "--state", state]
