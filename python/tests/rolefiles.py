@@ -33,9 +33,14 @@ def path(role: str, rel: str = "") -> pathlib.Path:
 
 
 def load(role: str, filename: str) -> types.ModuleType:
-    """Import roles/<role>/files/<filename> (a .py or a .fact script) as a module."""
+    """Import roles/<role>/files/<filename> (a .py or a .fact script) as a module; its imports
+    of the role's other files resolve as when it runs as a script (its directory first)."""
     file = path(role, f"files/{filename}")
-    return _load_file(f"dscluster_role_{role}_{file.name.replace('.', '_')}", file)
+    sys.path.insert(0, str(file.parent))
+    try:
+        return _load_file(f"dscluster_role_{role}_{file.name.replace('.', '_')}", file)
+    finally:
+        sys.path.remove(str(file.parent))
 
 
 def load_util(name: str) -> types.ModuleType:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import hashlib
 import json
 import os
 import pathlib
@@ -40,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 
+from filedigest import sha256
 from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
 
@@ -49,14 +49,6 @@ STAGING = ".download"
 
 class Refused(Exception):
     """One line for the operator: the value and the fix."""
-
-
-def sha256(path: pathlib.Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def private(path: pathlib.Path) -> bool:

@@ -20,7 +20,6 @@ ansible-core dependency), uv and pip in this python.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import pathlib
@@ -29,20 +28,13 @@ import subprocess
 import sys
 import tempfile
 
+from filedigest import sha256
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 
 class LayerError(Exception):
     """One line for the user: what is wrong and what to change."""
-
-
-def sha256(path: pathlib.Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def base_pins(base: pathlib.Path) -> dict[str, str]:
