@@ -1,5 +1,5 @@
 """roles/ml_stack/files/pycache_seed.py: the venv's bytecode copied to where a
-PYTHONPYCACHEPREFIX reads it, as the role runs it (python3 -c FILE VENV PREFIX)."""
+PYTHONPYCACHEPREFIX reads it, as the role runs it (python3 FILE VENV PREFIX)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from .. import rolefiles
 def seed(
     venv: pathlib.Path, prefix: pathlib.Path, *modules: str, env: dict[str, str] | None = None
 ) -> dict:
-    script = rolefiles.path("ml_stack", "files/pycache_seed.py").read_text()
+    script = rolefiles.path("ml_stack", "files/pycache_seed.py")
     out = subprocess.run(
-        [sys.executable, "-c", script, str(venv), str(prefix), *modules],
+        [sys.executable, str(script), str(venv), str(prefix), *modules],
         capture_output=True,
         text=True,
         check=True,

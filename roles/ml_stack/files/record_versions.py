@@ -34,15 +34,10 @@ import subprocess
 import sys
 import sysconfig
 
+from filedigest import sha256
 
-def sha256(path: pathlib.Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
+# What the role installs beside this file; their digests tell it the install is current.
+INSTALLED_SCRIPTS = ("record_versions.py", "filedigest.py", "install_bench.py", "pycache_seed.py")
 HASH_CACHE = pathlib.Path(sys.prefix) / "dscluster-wheel-hashes.json"
 STACK_CACHE = pathlib.Path(sys.prefix) / "dscluster-stack-cache.json"
 
@@ -286,9 +281,7 @@ def main() -> int:
     manifest["venv_user_lock_sha256"] = file_sha256(venv / "dscluster-user-lock.json")
     manifest["tools_uv"] = tools_uv(tools_venv)
     here = pathlib.Path(__file__).resolve().parent
-    manifest["scripts"] = {
-        name: file_sha256(here / name) for name in ("record_versions.py", "install_bench.py")
-    }
+    manifest["scripts"] = {name: file_sha256(here / name) for name in INSTALLED_SCRIPTS}
     if dirs:
         manifest["dirs"] = {path: dir_state(path) for path in dirs}
     json.dump(manifest, sys.stdout, indent=2, sort_keys=True)
