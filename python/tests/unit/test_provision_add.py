@@ -224,7 +224,13 @@ def _writes_cluster_file(task: dict) -> bool:
     for module in WRITERS & task.keys():
         args = task[module] or {}
         dests = [args.get("dest") or args.get("path") or ""]
-        dests += [f.get("path", "") for f in args.get("files") or [] if isinstance(f, dict)]
+        files = args.get("files") or []
+        # a list written out, or one template building it (cluster_ssh's one module run)
+        dests += (
+            [files]
+            if isinstance(files, str)
+            else [f.get("path", "") for f in files if isinstance(f, dict)]
+        )
         if any(CLUSTER_FILE.search(str(dest)) for dest in dests):
             return True
     return False
