@@ -149,7 +149,7 @@ molecule: images ## The project and role molecule scenarios, two at a time (each
 # The collection's scenarios are extensions/molecule/<name> (on extensions/molecule/config.yml),
 # run from the root; a role that runs alone has the scenario named after it.
 MOLECULE_SCENARIOS := $(patsubst extensions/molecule/%/molecule.yml,%,$(wildcard extensions/molecule/*/molecule.yml))
-MOLECULE_ROLES := $(filter $(patsubst roles/_%,%,$(patsubst roles/%/,%,$(wildcard roles/*/))),$(MOLECULE_SCENARIOS))
+MOLECULE_ROLES := $(filter $(patsubst _%,%,$(patsubst roles/%/,%,$(wildcard roles/*/))),$(MOLECULE_SCENARIOS))
 
 .PHONY: molecule-roles
 molecule-roles: images ## Role scenarios, one after the other (extensions/molecule/<role>: apt_repo, doctor, slurm)
