@@ -1,8 +1,5 @@
 #!/usr/bin/python
-"""What the nccl_env role decides on, read on a node in one round trip.
-
-configure.yml skips a write whose file already reads as that write would leave it.
-"""
+"""The NCCL profile the nccl_env role writes, computed on the node in one round trip."""
 
 from __future__ import annotations
 
@@ -22,7 +19,7 @@ description:
   - Computes, in one run on the node, its NCCL / HCCL / gloo profile from its accelerators
     fact (the socket interface checked against the fact's addressed interfaces, the
     aws-ofi-nccl plugin looked for on the node), and reads how each of I(paths) reads now
-    (owner, group, mode, and a file's sha1 and text), so that a converged node skips the writes.
+    (owner, group, mode, and a file's sha1 and text).
   - Reads only. A profile that cannot work on the node is not a failure of the module; it is
     returned as C(state.error).
 options:

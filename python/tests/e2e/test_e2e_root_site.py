@@ -84,7 +84,9 @@ def test_the_cluster_scenarios_verify_passes_on_the_e2e_cluster(cluster: pathlib
 # What each tampering on the second node undoes: the task that must write it again (the
 # roles skip a write where their one reading shows the file as the write would leave it).
 TAMPERED = {
-    "nccl_env : Write NCCL's configuration file": "echo NCCL_SOCKET_IFNAME=ib9 >> /etc/nccl.conf",
+    "nccl_env : Write the profile script, nccl.conf and the profile's fact": (
+        "echo NCCL_SOCKET_IFNAME=ib9 >> /etc/nccl.conf"
+    ),
     "base : List every cluster host in /etc/hosts": (
         # a bind mount in containers: rewritten in place, the managed block left out
         'cp /etc/hosts /root/hosts.t && sed "/# BEGIN dscluster/,/# END dscluster/d" '

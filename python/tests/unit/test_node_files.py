@@ -1,0 +1,81 @@
+"""The collection's one-run writer of directories and whole files
+(plugins/modules/node_files.py, what nccl_env writes with) run by Ansible on localhost:
+missing parents made, each file written only where it differs, idempotent, check mode and
+diff writing nothing, and a link where a file is expected refused in one line."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import stat
+import sys
+
+from .. import rolefiles
+
+PLAYBOOK = pathlib.Path(__file__).parent / "playbooks" / "node_files.yml"
+
+
+def run(tmp_path: pathlib.Path) -> tuple[int, dict | None, str]:
+    env = {
+        **os.environ,
+        "ANSIBLE_LIBRARY": str(rolefiles.REPO / "plugins" / "modules"),
+        "ANSIBLE_MODULE_UTILS": str(rolefiles.REPO / "plugins" / "module_utils"),
+    }
+    extravars = {"dir": str(tmp_path), "ansible_python_interpreter": sys.executable}
+    return rolefiles.run_local_play(PLAYBOOK, extravars, "RESULT", env=env)
+
+
+def mode(path: pathlib.Path) -> str:
+    return oct(stat.S_IMODE(path.stat().st_mode))
+
+
+def test_writes_what_differs_once_and_check_mode_writes_nothing(tmp_path):
+    (tmp_path / "nccl.conf").write_text("NCCL_DEBUG=WARN\n")  # as wanted
+    (tmp_path / "nccl.conf").chmod(0o666)  # but open to everyone
+
+    rc, result, out = run(tmp_path)
+    assert rc == 0 and result is not None, out[-3000:]
+    first = result["first"]
+    assert first["changed"] is True
+    assert first["written"] == [
+        str(tmp_path / "opt"),
+        str(tmp_path / "opt" / "bin"),
+        str(tmp_path / "facts.d"),
+        str(tmp_path / "opt" / "bin" / "helper.py"),
+        str(tmp_path / "facts.d" / "nccl_env.fact"),
+    ]  # nccl.conf only needed its mode
+    assert (tmp_path / "opt" / "bin" / "helper.py").read_text() == "print('hi')\n"
+    assert [mode(tmp_path / p) for p in ("opt", "opt/bin", "opt/bin/helper.py", "nccl.conf")] == [
+        "0o755",
+        "0o755",
+        "0o755",
+        "0o644",
+    ]
+
+    second = result["second"]
+    assert second["changed"] is False and second["written"] == [], second
+
+    checked = result["checked"]
+    assert checked["changed"] is True and checked["written"] == [str(tmp_path / "nccl.conf")]
+    assert checked["diff"][0]["before"].startswith("NCCL_DEBUG=WARN")
+    assert checked["diff"][0]["after"].startswith("NCCL_DEBUG=INFO")
+    assert (tmp_path / "nccl.conf").read_text() == "NCCL_DEBUG=WARN\n"
+
+    missing = result["missing"]
+    assert missing["changed"] is True and not (tmp_path / "new").exists()
+    assert missing["written"] == [
+        str(tmp_path / "new"),
+        str(tmp_path / "new" / "bin"),
+        str(tmp_path / "new" / "bin" / "helper.py"),
+    ], missing
+
+
+def test_a_link_where_a_file_goes_is_refused_and_its_target_left_alone(tmp_path):
+    target = tmp_path / "elsewhere"
+    target.write_text("root's\n")
+    (tmp_path / "facts.d").mkdir(mode=0o755)
+    (tmp_path / "nccl.conf").symlink_to(target)
+    rc, _result, out = run(tmp_path)
+    assert rc != 0
+    assert f"node_files: {tmp_path / 'nccl.conf'} is a symbolic link" in out, out[-3000:]
+    assert target.read_text() == "root's\n"
