@@ -18,6 +18,7 @@
 #      with pip vs uv (install_bench.py on the head, a fresh venv each)
 #   4. time from launch to the first training step: ops pre-built (the cluster venv) vs
 #      JIT-compiled at launch (a throwaway venv on the head with a DeepSpeed built without ops)
+# BENCH_ONLY="demo reconverge ..." runs only the steps named (see step() below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -27,6 +28,9 @@ mkdir -p "$OUT"
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 declare -A R
+# BENCH_ONLY="reconverge new_cluster bake": only those steps (nodelist demo reconverge
+# new_cluster bake scale user_layer install first_step); empty or unset: all of them.
+step() { [ -z "${BENCH_ONLY:-}" ] || [[ " $BENCH_ONLY " == *" $1 "* ]]; }
 # This hour's speed of the cores (a fixed pure-Python workload's CPU ms, best of 5), at the
 # start and the end: figures of runs made on different hours compare in proportion to it.
 R[calibrate_ms_at_start]=$($BIN/python scripts/bench_cpu.py calibrate-ms)
@@ -55,9 +59,11 @@ for r in p['top']:
 changes() { grep -oE 'provisioned [0-9]+ (of [0-9]+ )?hosts, [0-9]+ changes' "$1" | grep -oE '[0-9]+ changes' | grep -oE '[0-9]+' || echo '"?"'; }
 
 # A 10,000-node Slurm node list: expand, slots, inventory data and hostfile (limit 1 s).
+if step nodelist; then
 $BIN/python scripts/bench_nodelist.py >"$OUT/$stamp-nodelist.json"
 R[nodelist_10k_s]=$($BIN/python -c "import json,sys; print(json.load(open(sys.argv[1]))['total_s'])" "$OUT/$stamp-nodelist.json")
 R[nodelist_10k_yaml_s]=$($BIN/python -c "import json,sys; print(json.load(open(sys.argv[1]))['yaml_dump_s'])" "$OUT/$stamp-nodelist.json")
+fi
 
 if [ "${BENCH_COLD:-0}" = "1" ]; then
   echo "== cold: removing the local cluster, node images and the wheelhouse"
@@ -67,9 +73,12 @@ if [ "${BENCH_COLD:-0}" = "1" ]; then
   t0=$(now); make demo >"$OUT/$stamp-demo-cold.log" 2>&1; R[demo_cold_s]=$(elapsed "$t0" "$(now)")
 fi
 
+if step demo; then
 echo "== make demo (warm)"
 t0=$(now); make demo >"$OUT/$stamp-demo-warm.log" 2>&1; R[demo_warm_s]=$(elapsed "$t0" "$(now)")
+fi
 
+if step reconverge; then
 echo "== re-converge site.yml (changed=0), with the per-task profile; then with mitogen"
 DSCLUSTER_PROFILE="$OUT/$stamp-profile.json" timed reconverge_s "$OUT/$stamp-reconverge.log" \
   $DSC provision -i inventories/local
@@ -77,7 +86,9 @@ R[reconverge_changed]=$(changes "$OUT/$stamp-reconverge.log")
 DSCLUSTER_MITOGEN=1 timed reconverge_mitogen_s "$OUT/$stamp-reconverge-mitogen.log" \
   $DSC provision -i inventories/local
 R[reconverge_mitogen_changed]=$(changes "$OUT/$stamp-reconverge-mitogen.log")
+fi
 
+if step new_cluster; then
 echo "== a new 3-node cluster, wheelhouse cached (local up + provision)"
 $DSC local down --name bench >/dev/null 2>&1 || true
 timed new_cluster_cached_s "$OUT/$stamp-new-cluster.log" \
@@ -90,9 +101,11 @@ echo "== one node added to it (local up --nodes 4 + provision --add)"
 timed add_node_s "$OUT/$stamp-add-node.log" \
   bash -c "$DSC local up --name bench --nodes 4 && $DSC provision -i inventories/bench --add bench-n4"
 $DSC local down --name bench >/dev/null 2>&1 || true
+fi
 
-echo "== bake a node of the local cluster; a new 3-node cluster from the image; one node added"
 baked=dscluster/baked:bench
+if step bake; then
+echo "== bake a node of the local cluster; a new 3-node cluster from the image; one node added"
 timed bake_s "$OUT/$stamp-bake.log" $DSC image bake -i inventories/local --name "$baked"
 timed new_cluster_baked_s "$OUT/$stamp-new-cluster-baked.log" \
   bash -c "$DSC local up --name bench --nodes 3 --image $baked && $DSC provision -i inventories/bench"
@@ -100,6 +113,7 @@ R[new_cluster_baked_changed]=$(changes "$OUT/$stamp-new-cluster-baked.log")
 timed add_node_baked_s "$OUT/$stamp-add-node-baked.log" \
   bash -c "$DSC local up --name bench --nodes 4 && $DSC provision -i inventories/bench --add bench-n4"
 $DSC local down --name bench >/dev/null 2>&1 || true
+fi
 
 # Each with its CPU split: the node containers' own CPU-seconds (their cgroups, read before
 # the cluster goes) and the rest of the machine's (the controller: ansible-playbook, its
@@ -125,7 +139,8 @@ ratio() {  # KEY_4 KEY_16 OUT: the 16-node time over the 4-node one, where both 
   fi
 }
 have_baked=0
-[[ "${R[bake_s]}" =~ ^[0-9.]+$ ]] && have_baked=1
+[[ "${R[bake_s]:-}" =~ ^[0-9.]+$ ]] && have_baked=1
+if step scale; then
 for n in ${BENCH_SCALE-4 8 16}; do
   echo "== provision of $n local nodes (wheelhouse cached)"
   scale "$n" ""
@@ -136,8 +151,10 @@ for n in ${BENCH_SCALE-4 8 16}; do
 done
 ratio provision_4_nodes_s provision_16_nodes_s provision_16_over_4
 ratio provision_4_nodes_baked_s provision_16_nodes_baked_s provision_16_over_4_baked
+fi
 docker image rm -f "$baked" >/dev/null 2>&1 || true
 
+if step user_layer; then
 echo "== user layer: a pinned transformers added, then removed"
 gv=inventories/local/group_vars/all.yml
 mkdir -p "$(dirname "$gv")"
@@ -157,13 +174,17 @@ if [ -n "$gv_before" ]; then printf '%s\n' "$gv_before" >"$gv"; else rm -f "$gv"
 t0=$(now)
 $BIN/dscluster provision -i inventories/local >"$OUT/$stamp-remove-requirement.log" 2>&1
 R[remove_requirement_s]=$(elapsed "$t0" "$(now)")
+fi
 
+if step install; then
 echo "== per-node install of the base layer: pip vs uv (head, fresh venvs)"
 docker exec dsc-local-n1 bash -c 'wh=/shared/dscluster/wheelhouse; [ -f $wh/requirements.lock ] || wh=/opt/dscluster/wheelhouse; /usr/bin/python3 /opt/dscluster/bin/install_bench.py $wh' \
   >"$OUT/$stamp-install.json" 2>"$OUT/$stamp-install.log"
 R[install_pip_s]=$($BIN/python -c "import json,sys; print(json.load(open(sys.argv[1]))['pip_s'])" "$OUT/$stamp-install.json")
 R[install_uv_s]=$($BIN/python -c "import json,sys; print(json.load(open(sys.argv[1]))['uv_s'])" "$OUT/$stamp-install.json")
+fi
 
+if step first_step; then
 echo "== first-step latency: pre-built ops vs JIT at launch (1 rank on the head)"
 head=dsc-local-n1
 # The smoke job's files (its entry script and the modules it imports from beside it).
@@ -190,6 +211,7 @@ run_one() {  # venv, label
 R[first_step_prebuilt_s]=$(run_one /opt/dscluster/venv prebuilt)
 R[first_step_jit_s]=$(run_one /opt/bench-jit jit)
 docker exec "$head" rm -rf /opt/bench-jit /tmp/bench-ext /tmp/bench-job
+fi
 
 R[calibrate_ms_at_end]=$($BIN/python scripts/bench_cpu.py calibrate-ms)
 {
