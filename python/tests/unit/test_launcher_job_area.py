@@ -131,28 +131,3 @@ def test_what_the_training_user_plants_is_refused_never_followed(tmp_path):
     assert rc != 0
     assert "belongs to nobody" in out, out
     assert (tmp_path / "shared" / "jobs").stat().st_uid == 65534
-
-
-def test_the_stack_reading_says_what_the_file_module_would_leave(tmp_path):
-    """record_versions.py's DIR arguments (ml_stack's reading before installing): owner by
-    name (the uid where no account has it), the permission bits as a file module's mode, a
-    file as no directory, null where nothing is."""
-    made = tmp_path / "made"
-    made.mkdir(mode=0o750)
-    made.chmod(0o2750)  # setgid: the file module's 0750 would clear it, so it must differ
-    plain = tmp_path / "plain"
-    plain.write_text("")
-    plain.chmod(0o644)
-    orphan = tmp_path / "orphan"
-    orphan.mkdir()
-    orphan.chmod(0o755)
-    taken = {p.pw_uid for p in pwd.getpwall()}
-    free_uid = next(uid for uid in range(54321, 60000) if uid not in taken)
-    if os.getuid() == 0:
-        os.chown(orphan, free_uid, -1)
-    versions = rolefiles.load("ml_stack", "record_versions.py")
-    assert versions.dir_state(str(made)) == {"isdir": True, "owner": USER, "mode": "2750"}
-    assert versions.dir_state(str(plain)) == {"isdir": False, "owner": USER, "mode": "0644"}
-    owner = str(free_uid) if os.getuid() == 0 else USER
-    assert versions.dir_state(str(orphan)) == {"isdir": True, "owner": owner, "mode": "0755"}
-    assert versions.dir_state(str(tmp_path / "missing")) is None

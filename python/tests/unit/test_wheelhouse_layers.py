@@ -280,6 +280,88 @@ def test_record_versions_reports_base_drift_and_the_user_layer(tmp_path):
     assert layer["lock_sha256"] == sha(user / "requirements.lock")
 
 
+# ---- the verdict: the reading against what the controller expects (--want) ----
+
+
+def reading_and_want() -> tuple[dict, dict]:
+    """A node's reading that is exactly what the controller expects."""
+    digests = {
+        "requirements.lock": "r" * 64,
+        "lock.json": "l" * 64,
+        "user requirements.lock": "u" * 64,
+        "user lock.json": "k" * 64,
+        "scripts": {name: "s" * 64 for name in record_versions.INSTALLED_SCRIPTS},
+        "wheels": {"torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl": "t" * 64,
+                   "deepspeed-0.19.8-cp311-cp311-linux_x86_64.whl": "d" * 64},
+    }  # fmt: skip
+    reading = {
+        "torch": "2.13.0+cpu",
+        "deepspeed": "0.19.8",
+        "installed_ops": ["async_io", "cpu_adam", "deepspeed_shm_comm", "fused_adam"],
+        "venv_lock_sha256": "l" * 64,
+        "venv_user_lock_sha256": "k" * 64,
+        "tools_uv": "0.9.5",
+        "scripts": dict(digests["scripts"]),
+        "wheels": dict(digests["wheels"]),
+        "lock_sha256": "r" * 64,
+        "base_drift": {},
+        "user_layer_key": "user-0a1b2c3d",
+        "user_layer": {"key": "user-0a1b2c3d", "drift": {}},
+        "user_lock_sha256": "u" * 64,
+    }
+    want = {
+        "torch": "2.13.0",
+        "deepspeed": "0.19.8",
+        "ops": ["async_io", "cpu_adam", "fused_adam"],
+        "user_layer_key": "user-0a1b2c3d",
+        "uv": "0.9.5",
+        "digests": digests,
+    }
+    return reading, want
+
+
+def test_the_verdict_of_a_node_as_locked_is_ok_on_both_sides():
+    reading, want = reading_and_want()
+    assert record_versions.verdict(reading, want) == {
+        "venv": {"ok": True, "differs": []},
+        "wheelhouse": {"ok": True, "differs": []},
+    }
+
+
+def _rebuilt_wheel(r, w):
+    r["wheels"]["deepspeed-0.19.8-cp311-cp311-linux_x86_64.whl"] = "e" * 64
+
+
+@pytest.mark.parametrize(
+    ("change", "side", "name"),
+    [
+        (_rebuilt_wheel, "wheelhouse", "wheels"),
+        (lambda r, w: r["installed_ops"].remove("cpu_adam"), "venv", "ops"),
+        (lambda r, w: r.update(torch="2.12.0+cpu"), "venv", "torch"),
+        (lambda r, w: r.update(torch="2.13.01"), "venv", "torch"),  # not 2.13.0 with a label
+        (lambda r, w: w.update(deepspeed="0.19.9"), "venv", "deepspeed"),
+        (lambda r, w: w.update(user_layer_key="user-ffffffff"), "wheelhouse", "user layer key"),
+        (lambda r, w: r.update(user_layer_key=""), "wheelhouse", "user layer key"),
+        (lambda r, w: r.update(base_drift={"numpy": "2.0.0"}), "wheelhouse", "base drift"),
+        (lambda r, w: r["user_layer"].update(drift={"x": ""}), "wheelhouse", "user layer drift"),
+        (lambda r, w: r.update(lock_sha256=""), "wheelhouse", "requirements.lock"),
+        (lambda r, w: r.update(user_lock_sha256=""), "wheelhouse", "user requirements.lock"),
+        (lambda r, w: r.update(venv_lock_sha256=""), "venv", "venv lock.json"),
+        (lambda r, w: r.update(venv_user_lock_sha256=""), "venv", "venv user lock.json"),
+        (lambda r, w: w.update(uv="0.9.6"), "venv", "uv"),
+        (lambda r, w: r["scripts"].update({"record_versions.py": ""}), "venv", "scripts"),
+    ],
+)
+def test_each_difference_fails_its_side_by_name(change, side, name):
+    """One thing changed: its side is not ok and names it; the other side still is."""
+    reading, want = reading_and_want()
+    change(reading, want)
+    verdict = record_versions.verdict(reading, want)
+    assert verdict[side] == {"ok": False, "differs": [name]}
+    other = "venv" if side == "wheelhouse" else "wheelhouse"
+    assert verdict[other] == {"ok": True, "differs": []}
+
+
 UV = str(pathlib.Path(sys.executable).parent / "uv")
 
 
@@ -375,9 +457,9 @@ def test_user_layer_tasks_add_change_and_remove_without_touching_the_base(stack)
     venv_python = stack / "venv" / "bin" / "python"
     script = rolefiles.path("ml_stack", "files/record_versions.py")
 
-    def read() -> dict:
+    def read(*more: str) -> dict:
         out = subprocess.run(
-            [str(venv_python), str(script), str(stack / "node")],
+            [str(venv_python), str(script), str(stack / "node"), *more],
             capture_output=True,
             text=True,
             check=True,
@@ -397,6 +479,11 @@ def test_user_layer_tasks_add_change_and_remove_without_touching_the_base(stack)
     assert read()["torch"] == "2.13.0+cpu"  # still the reading the image was baked with
     record.write_text(record.read_text() + "\n")  # what any (re)install does to it
     assert read()["torch"] == "9.9.9+cpu"
+    # --want on the command line: the verdict beside the reading (none without it)
+    assert "verdict" not in read()
+    _, want = reading_and_want()
+    verdict = read("--want", json.dumps(want | {"torch": "9.9.9"}))["verdict"]
+    assert "torch" not in verdict["venv"]["differs"] and "ops" in verdict["venv"]["differs"]
 
 
 # ---- wheel digests kept with size and mtime: a re-converge does not read every wheel ----

@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """Print this node's versions manifest as JSON (run with the cluster venv's python).
 
-  record_versions.py WHEELHOUSE [USER_WHEELHOUSE [TOOLS_VENV [DIR...]]]
+  record_versions.py WHEELHOUSE [USER_WHEELHOUSE [TOOLS_VENV]] [--want JSON]
 
 Recorded by the ml_stack role into /etc/ansible/facts.d/ml_stack.fact and compared across
 nodes by the verify step and by `dscluster doctor`: any difference is skew. The role also
 reads it before installing: a node whose manifest already matches the controller's locks
 skips the install (the venv's lock copies, the tools layer's uv and these scripts' own
-digests are in it for that). That reading also names DIRs (the torch extensions and bytecode
-directories): their {isdir, owner, mode}, or null, are added as "dirs", so the role skips
-making them where they stand (the recorded manifest names none).
+digests are in it for that). With --want (what the controller expects: the pins, the
+pre-built ops, the user layer's key, uv's version and the digests of its locks, wheels and
+scripts) the manifest gets a "verdict": for the venv and for the node's wheelhouse, whether
+each matches and the names of what differs (the role's fact leaves it out).
 
 Wheel digests are kept in the venv (HASH_CACHE) with each file's size and mtime, so a
 re-converge does not read every wheel (torch alone is hundreds of MB) again. What only an
@@ -19,6 +20,7 @@ distribution's RECORD (name, mtime, size): any install, removal or reinstall in 
 changes the stamp and the next reading imports them again.
 """
 
+import argparse
 import contextlib
 import hashlib
 import importlib.metadata
@@ -26,10 +28,8 @@ import json
 import os
 import pathlib
 import platform
-import pwd
 import re
 import shutil
-import stat
 import subprocess
 import sys
 import sysconfig
@@ -237,27 +237,51 @@ def stack_versions() -> dict:
     return versions
 
 
-def dir_state(path: str) -> dict | None:
-    """A directory as the file module's owner and mode read it; None where nothing is there."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    try:
-        owner = pwd.getpwuid(st.st_uid).pw_name
-    except KeyError:
-        owner = str(st.st_uid)
-    mode = f"{stat.S_IMODE(st.st_mode):04o}"
-    return {"isdir": stat.S_ISDIR(st.st_mode), "owner": owner, "mode": mode}
+def pinned(have: str, want: str) -> bool:
+    """The version asked for, with or without a local label (2.13.0+cpu is 2.13.0)."""
+    return re.match(re.escape(want) + r"($|\+)", have) is not None
+
+
+def verdict(reading: dict, want: dict) -> dict:
+    """The reading against what the controller expects, for the venv (installed from the
+    locks, by the tools layer's uv, with these scripts) and for the node's wheelhouse (its
+    wheels and locks, and the venv's distributions at the versions they pin)."""
+    digests = want["digests"]
+    venv = {
+        "torch": pinned(reading["torch"], want["torch"]),
+        "deepspeed": pinned(reading["deepspeed"], want["deepspeed"]),
+        "ops": set(want["ops"]) <= set(reading["installed_ops"]),
+        "venv lock.json": reading["venv_lock_sha256"] == digests["lock.json"],
+        "venv user lock.json": reading["venv_user_lock_sha256"] == digests["user lock.json"],
+        "uv": reading["tools_uv"] == want["uv"],
+        "scripts": reading["scripts"] == digests["scripts"],
+    }
+    wheelhouse = {
+        "wheels": reading["wheels"] == digests["wheels"],
+        "requirements.lock": reading["lock_sha256"] == digests["requirements.lock"],
+        "base drift": not reading["base_drift"],
+        "user layer key": reading["user_layer_key"] == want["user_layer_key"],
+        "user layer drift": not reading["user_layer"]["drift"],
+        "user requirements.lock": reading["user_lock_sha256"] == digests["user requirements.lock"],
+    }
+    return {
+        side: {
+            "ok": all(checks.values()),
+            "differs": [name for name, held in checks.items() if not held],
+        }
+        for side, checks in (("venv", venv), ("wheelhouse", wheelhouse))
+    }
 
 
 def main() -> int:
-    wheelhouse = pathlib.Path(sys.argv[1])
-    user_dir = pathlib.Path(sys.argv[2]) if len(sys.argv) > 2 else None
-    tools_venv = pathlib.Path(sys.argv[3]) if len(sys.argv) > 3 else None
-    dirs = sys.argv[4:]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("wheelhouse", type=pathlib.Path)
+    parser.add_argument("user_wheelhouse", type=pathlib.Path, nargs="?")
+    parser.add_argument("tools_venv", type=pathlib.Path, nargs="?")
+    parser.add_argument("--want", type=json.loads, help="what the controller expects (JSON)")
+    args = parser.parse_args()
 
-    lock = wheelhouse / "requirements.lock"
+    lock = args.wheelhouse / "requirements.lock"
     manifest = {
         "python": platform.python_version(),
         **stack_versions(),
@@ -265,12 +289,12 @@ def main() -> int:
         "synapseai": package_version("habanalabs-graph"),
         "libfabric": libfabric(),
         "lock_sha256": sha256(lock) if lock.exists() else "",
-        "wheels": wheel_digests(wheelhouse),
+        "wheels": wheel_digests(args.wheelhouse),
         # Base distributions installed at another version than the base lock's (a user
         # layer must never replace one).
         "base_drift": drift(locked_pins(lock)),
     }
-    layer = user_layer(user_dir)
+    layer = user_layer(args.user_wheelhouse)
     manifest["user_layer"] = layer
     manifest["user_layer_key"] = layer["key"]
     manifest["user_lock_sha256"] = layer["lock_sha256"]
@@ -279,11 +303,11 @@ def main() -> int:
     venv = pathlib.Path(sys.prefix)
     manifest["venv_lock_sha256"] = file_sha256(venv / "dscluster-lock.json")
     manifest["venv_user_lock_sha256"] = file_sha256(venv / "dscluster-user-lock.json")
-    manifest["tools_uv"] = tools_uv(tools_venv)
+    manifest["tools_uv"] = tools_uv(args.tools_venv)
     here = pathlib.Path(__file__).resolve().parent
     manifest["scripts"] = {name: file_sha256(here / name) for name in INSTALLED_SCRIPTS}
-    if dirs:
-        manifest["dirs"] = {path: dir_state(path) for path in dirs}
+    if args.want is not None:
+        manifest["verdict"] = verdict(manifest, args.want)
     json.dump(manifest, sys.stdout, indent=2, sort_keys=True)
     sys.stdout.write("\n")
     return 0
