@@ -265,7 +265,7 @@ def test_the_tasks_those_files_read_from_every_host_carry_the_tag():
     needed = {
         "base/preflight.yml": ["Gather network facts of inventory hosts outside this play"],
         "cluster_ssh/preflight.yml": [
-            "Read the SSH user, this node's host key and the cluster's key files",
+            "Read the SSH user and this node's host key",
             "Keep the reading",
             "Read the public host keys of inventory hosts outside this play",
         ],
