@@ -19,10 +19,15 @@ DSCLUSTER_FACTS_MEMO=0, it does nothing.
 
 from __future__ import annotations
 
-import os
+import importlib.util
+from pathlib import Path
 
-from ansible.plugins.callback import CallbackBase
-from ansible.release import __version__
+# This tree's plugin_utils, by path (callback_switch.py's docstring says why).
+_SWITCH = importlib.util.spec_from_file_location(
+    "dscluster_callback_switch", Path(__file__).parents[1] / "plugin_utils" / "callback_switch.py"
+)
+callback_switch = importlib.util.module_from_spec(_SWITCH)
+_SWITCH.loader.exec_module(callback_switch)
 
 DOCUMENTATION = r"""
 name: facts_memo
@@ -36,7 +41,6 @@ requirements:
   - enable in configuration (callbacks_enabled)
 """
 
-SUPPORTED = ("2.19.",)
 _INSTALLED: dict[str, bool] = {}
 
 
@@ -132,25 +136,13 @@ def install() -> bool:
     return True
 
 
-class CallbackModule(CallbackBase):
-    CALLBACK_VERSION = 2.0
-    CALLBACK_TYPE = "aggregate"
+class CallbackModule(callback_switch.SwitchedCallback):
     CALLBACK_NAME = "dscluster.cluster.facts_memo"
-    CALLBACK_NEEDS_ENABLED = True
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # Callbacks load in the controller's main process before any worker forks.
-        switch = os.environ.get("DSCLUSTER_FACTS_MEMO") or "1"
-        if switch == "0" or _INSTALLED:
-            return
-        if switch != "1":  # dscluster refuses it before any run; a plain run stays as ansible is
-            self._display.warning(
-                f"DSCLUSTER_FACTS_MEMO={switch!r} is neither 1 nor 0; facts_memo is off"
-            )
-            return
-        if not __version__.startswith(SUPPORTED):
-            self._display.vvv(f"facts_memo: not for ansible-core {__version__}; off")
+        if _INSTALLED or not self.opted_in("DSCLUSTER_FACTS_MEMO"):
             return
         if not install():
             self._display.vvv("facts_memo: fact cache internals not found; off")

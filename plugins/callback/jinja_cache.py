@@ -21,15 +21,21 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import importlib.util
 import marshal
 import os
 import re
 import shutil
 import tempfile
 import threading
+from pathlib import Path
 
-from ansible.plugins.callback import CallbackBase
-from ansible.release import __version__
+# This tree's plugin_utils, by path (callback_switch.py's docstring says why).
+_SWITCH = importlib.util.spec_from_file_location(
+    "dscluster_callback_switch", Path(__file__).parents[1] / "plugin_utils" / "callback_switch.py"
+)
+callback_switch = importlib.util.module_from_spec(_SWITCH)
+_SWITCH.loader.exec_module(callback_switch)
 
 DOCUMENTATION = r"""
 name: jinja_cache
@@ -43,7 +49,6 @@ requirements:
   - enable in configuration (callbacks_enabled)
 """
 
-SUPPORTED = ("2.19.",)
 _INSTALLED: dict[str, str] = {}
 PREFIX = "dscluster-jinja-"
 _OWNED = re.compile(re.escape(PREFIX) + r"(\d+)-")
@@ -213,25 +218,13 @@ def install(cache_dir: str) -> bool:
     return True
 
 
-class CallbackModule(CallbackBase):
-    CALLBACK_VERSION = 2.0
-    CALLBACK_TYPE = "aggregate"
+class CallbackModule(callback_switch.SwitchedCallback):
     CALLBACK_NAME = "dscluster.cluster.jinja_cache"
-    CALLBACK_NEEDS_ENABLED = True
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # Callbacks load in the controller's main process before any worker forks.
-        switch = os.environ.get("DSCLUSTER_JINJA_CACHE") or "1"
-        if switch == "0" or _INSTALLED:
-            return
-        if switch != "1":  # dscluster refuses it before any run; a plain run stays as ansible is
-            self._display.warning(
-                f"DSCLUSTER_JINJA_CACHE={switch!r} is neither 1 nor 0; jinja_cache is off"
-            )
-            return
-        if not __version__.startswith(SUPPORTED):
-            self._display.vvv(f"jinja_cache: not for ansible-core {__version__}; off")
+        if _INSTALLED or not self.opted_in("DSCLUSTER_JINJA_CACHE"):
             return
         owner = os.getpid()
         for name in sweep(tempfile.gettempdir()):
