@@ -81,8 +81,8 @@ def test_the_cluster_scenarios_verify_passes_on_the_e2e_cluster(cluster: pathlib
         assert changed == 0, (host, changed_tasks(proc.stdout))
 
 
-# What each tampering on the second node undoes: the task that must write it again (the
-# roles skip a write where their one reading shows the file as the write would leave it).
+# What each tampering on the second node undoes: the task that must write it again (every
+# other write finds its file as it would leave it and reports no change).
 TAMPERED = {
     "nccl_env : Write the profile script, nccl.conf and the profile's fact": (
         "echo NCCL_SOCKET_IFNAME=ib9 >> /etc/nccl.conf"
@@ -118,9 +118,9 @@ TAMPERED = {
 
 
 def test_a_tampered_node_is_written_again_and_only_there(cluster: pathlib.Path):
-    """The skips decided on the roles' readings (base, node_facts, cluster_ssh, nccl_env,
-    ml_stack; the base play's tag takes in node_facts and cluster_ssh) still write what was
-    changed by hand on one node, and nothing on the others."""
+    """The roles' idempotent writes (base, node_facts, cluster_ssh, nccl_env, ml_stack; the
+    base play's tag takes in node_facts and cluster_ssh) write again what was changed by hand
+    on one node, and nothing on the others."""
     host = f"{cluster.name}-n2"
     for script in TAMPERED.values():
         sh(f"dsc-{host}", script)
