@@ -17,6 +17,10 @@ except ImportError:
     from ansible_collections.dscluster.cluster.plugins.module_utils import safe_fs
 
 
+# What a write refuses or fails on: the module reports it in one line naming the path.
+ERRORS = (OSError, ValueError, KeyError, UnicodeDecodeError, safe_fs.UnsafePath)
+
+
 def need(spec: dict, *keys: str) -> None:
     missing = [k for k in keys if k not in spec or spec[k] is None]
     if missing:
@@ -150,3 +154,16 @@ class Writes:
             return ("\n".join(lines) + "\n").encode()
 
         self._update(spec, placed, show=True)
+
+    def files(self, specs: list[dict]) -> None:
+        """Each file written whole from its content, shown in diff mode."""
+        for spec in specs:
+            need(spec, "content")
+            self.whole(spec, str(spec["content"]), show=True)
+
+    def result(self) -> dict:
+        """The module's result: changed, the paths written, and the diffs where asked."""
+        out: dict = {"changed": self.changed, "written": self.written}
+        if self.diffs:
+            out["diff"] = self.diffs
+        return out

@@ -13,11 +13,10 @@ from ansible.module_utils.basic import AnsibleModule
 # A clone's own first (its ansible.cfg names plugins/module_utils), so that an installed
 # collection of another version in ~/.ansible never lends a clone's module its helpers.
 try:
-    from ansible.module_utils import file_writes, safe_fs  # type: ignore[attr-defined]
+    from ansible.module_utils import file_writes  # type: ignore[attr-defined]
 except ImportError:
     from ansible_collections.dscluster.cluster.plugins.module_utils import (
         file_writes,
-        safe_fs,
     )
 
 DOCUMENTATION = r"""
@@ -102,19 +101,14 @@ def main() -> None:
     try:
         if p["directory"]:
             run.directory(p["directory"])
-        for spec in p["files"]:
-            file_writes.need(spec, "content")
-            run.whole(spec, str(spec["content"]), show=True)
+        run.files(p["files"])
         if p["secret"]:
             run.whole(p["secret"], p["secret_content"], show=False)
         if p["line"]:
             run.line(p["line"])
-    except (OSError, ValueError, KeyError, UnicodeDecodeError, safe_fs.UnsafePath) as exc:
+    except file_writes.ERRORS as exc:
         module.fail_json(msg=f"cluster_ssh_files: {exc}", written=run.written)
-    result: dict = {"changed": run.changed, "written": run.written}
-    if run.diffs:
-        result["diff"] = run.diffs
-    module.exit_json(**result)
+    module.exit_json(**run.result())
 
 
 if __name__ == "__main__":
