@@ -58,8 +58,21 @@ def load_plugin(name: str) -> types.ModuleType:
     names = [f"ansible.module_utils.{u.stem}" for u in utils]
     saved = {n: sys.modules[n] for n in names if n in sys.modules}
     try:
-        for n, u in zip(names, utils, strict=True):
-            sys.modules[n] = _load_file(n, u)
+        # A helper that imports another (file_writes imports safe_fs) loads after it: each
+        # pass loads what it can, until all are in.
+        pending = dict(zip(names, utils, strict=True))
+        while pending:
+            loaded = []
+            for n, u in pending.items():
+                try:
+                    sys.modules[n] = _load_file(n, u)
+                except ImportError:
+                    continue
+                loaded.append(n)
+            if not loaded:
+                _load_file(*next(iter(pending.items())))  # raises the import error
+            for n in loaded:
+                del pending[n]
         return _load_file(f"dscluster_module_{name}", file)
     finally:
         for n in names:
