@@ -58,20 +58,23 @@ class Writes:
         need(spec, "path")
         path = spec["path"].rstrip("/")
         uid, gid, mode = self._who(spec)
-        if make_parents and os.path.dirname(path) not in self.pending:
+        parent_path = os.path.dirname(path)
+        if parent_path in self.pending:  # check mode: an earlier directory would be its parent
+            parent = None
+        elif make_parents:
             parent, made = safe_fs.walk(
-                os.path.dirname(path), frozenset({0, uid}), make_mode=0o755, check_mode=self.check
+                parent_path, frozenset({0, uid}), make_mode=0o755, check_mode=self.check
             )
             self.written += made
             self.changed = self.changed or bool(made)
-            if parent is None:
-                self.pending.update([*made, path])
-                self.written.append(path)
-                return
+            self.pending.update(made if parent is None else [])
         else:
             parent = self._parent(path, uid)
-        if parent is None:
-            raise ValueError(f"{os.path.dirname(path)} does not exist")
+        if parent is None:  # check mode: it would be made below a directory made first
+            self.pending.add(path)
+            self.written.append(path)
+            self.changed = True
+            return
         try:
             fd, made, changed = safe_fs.ensure_dir(
                 parent, os.path.basename(path), path, uid, gid, mode, self.check

@@ -66,6 +66,7 @@ def test_writes_what_differs_once_and_check_mode_writes_nothing(tmp_path):
     assert missing["written"] == [
         str(tmp_path / "new"),
         str(tmp_path / "new" / "bin"),
+        str(tmp_path / "new" / "bin" / "sub"),  # below a directory check mode would make
         str(tmp_path / "new" / "bin" / "helper.py"),
     ], missing
 
