@@ -62,8 +62,9 @@ def read_state(user: str, host_key_file: str) -> dict:
     try:
         entry = pwd.getpwnam(user)
     except KeyError:
-        return {"account": None, "host_key": host_key}
-    account = {"uid": entry.pw_uid, "gid": entry.pw_gid, "home": entry.pw_dir}
+        account = None
+    else:
+        account = {"uid": entry.pw_uid, "gid": entry.pw_gid, "home": entry.pw_dir}
     return {"account": account, "host_key": host_key}
 
 
