@@ -48,8 +48,36 @@ WANTED = {
         "__nvidia_driver_pin",
         "nvidia_driver_version",
     ],
+    "habana": [
+        "habana_repo_url",
+        "habana_repo_key_url",
+        "habana_repo_suite",
+        "__habana_repo_file",
+        "__habana_all_packages",
+        "__habana_package_version",
+    ],
+    "efa": ["__efa_packages"],
+    "lustre_client": [
+        "lustre_client_repo_url",
+        "lustre_client_repo_suite",
+        "lustre_client_repo_components",
+        "lustre_client_repo_key_url",
+        "__lustre_client_list_name",
+        "__lustre_client_keyring",
+        "__lustre_client_packages",
+    ],
+    "nfs_client": ["nfs_client_packages"],
+    "nfs_server": ["nfs_server_packages", "nfs_server_service"],
+    "base": ["base_packages"],
+    "slurm": ["slurm_packages", "slurm_controller_packages"],
 }
 CUDA = "https://developer.download.nvidia.com/compute/cuda/repos"
+CODENAMES = {
+    "debian12": "bookworm",
+    "debian13": "trixie",
+    "ubuntu2204": "jammy",
+    "ubuntu2404": "noble",
+}
 
 
 @pytest.fixture(scope="module")
@@ -189,51 +217,125 @@ def test_driver_packages_from_nvidias_repository(rendered, name, packages, versi
 # libnvidia-compute-470 and nvidia-compute-utils-470 in jammy and noble [restricted], the last
 # one carrying nvidia-persistenced; nvidia-dkms-<branch> as apt names it in
 # "nvidia-dkms-535 : Depends: nvidia-kernel-common-535").
+DEBIAN_ARCHIVE = {
+    "url": "http://deb.debian.org/debian",
+    "components": ["contrib", "non-free", "non-free-firmware"],
+    "packages": {
+        "versioned": ["nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi", "libcuda1"],
+        "other": ["nvidia-persistenced"],
+    },
+}
+UBUNTU_ARCHIVE = {
+    "url": "http://archive.ubuntu.com/ubuntu",
+    "components": ["restricted"],
+    "packages": {"versioned": UBUNTU_NVIDIA[1:], "other": []},
+}
+
+
 @pytest.mark.parametrize(
-    ("name", "url", "suite", "components", "versioned", "other"),
+    ("name", "suite", "archive"),
     [
-        (
-            "debian12",
-            "http://deb.debian.org/debian",
-            "bookworm",
-            ["contrib", "non-free", "non-free-firmware"],
-            ["nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi", "libcuda1"],
-            ["nvidia-persistenced"],
-        ),
-        (
-            "debian13",
-            "http://deb.debian.org/debian",
-            "trixie",
-            ["contrib", "non-free", "non-free-firmware"],
-            ["nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi", "libcuda1"],
-            ["nvidia-persistenced"],
-        ),
-        (
-            "ubuntu2204",
-            "http://archive.ubuntu.com/ubuntu",
-            "jammy-updates",
-            ["restricted"],
-            UBUNTU_NVIDIA[1:],
-            [],
-        ),
-        (
-            "ubuntu2404",
-            "http://archive.ubuntu.com/ubuntu",
-            "noble-updates",
-            ["restricted"],
-            UBUNTU_NVIDIA[1:],
-            [],
-        ),
+        ("debian12", "bookworm", DEBIAN_ARCHIVE),
+        ("debian13", "trixie", DEBIAN_ARCHIVE),
+        ("ubuntu2204", "jammy-updates", UBUNTU_ARCHIVE),
+        ("ubuntu2404", "noble-updates", UBUNTU_ARCHIVE),
     ],
 )
-def test_driver_packages_from_the_os_archive(
-    rendered, name, url, suite, components, versioned, other
-):
+def test_driver_packages_from_the_os_archive(rendered, name, suite, archive):
     values = rendered[name]["nvidia_driver"]
     repo = values["__nvidia_driver_repos"]["distribution"]
-    assert (repo["url"], repo["suite"], repo["components"]) == (url, suite, components)
+    assert (repo["url"], repo["suite"], repo["components"]) == (
+        archive["url"],
+        suite,
+        archive["components"],
+    )
     assert repo["keyring"] == "" and repo["key_fingerprints"] == []
-    assert values["__nvidia_driver_packages"]["distribution"] == {
-        "versioned": versioned,
-        "other": other,
+    assert values["__nvidia_driver_packages"]["distribution"] == archive["packages"]
+
+
+# Habana's vault (vault.habana.ai/artifactory/debian): habanalabs-installer.sh and Intel Gaudi's
+# "Installation Guide" write `deb https://vault.habana.ai/artifactory/debian <codename> main`;
+# its source file is /etc/apt/sources.list.d/artifactory.list. The support matrices of
+# SynapseAI 1.21/1.22 list Ubuntu 22.04 and 24.04 (jammy, noble); the Debian suites follow
+# the same scheme but are NOT confirmed to exist on the vault.
+@pytest.mark.parametrize(("name", "suite"), CODENAMES.items())
+def test_habana_vault_suite_is_the_codename(rendered, name, suite):
+    values = rendered[name]["habana"]
+    assert values["habana_repo_url"] == "https://vault.habana.ai/artifactory/debian"
+    assert values["habana_repo_key_url"] == "https://vault.habana.ai/artifactory/api/gpg/key/public"
+    assert values["habana_repo_suite"] == suite
+    assert values["__habana_repo_file"] == "artifactory"
+    assert values["__habana_all_packages"] == [
+        "habanalabs-firmware",
+        "habanalabs-dkms",
+        "habanalabs-firmware-tools",
+        "habanalabs-thunk",
+        "habanalabs-graph",
+        "habanalabs-rdma-core",
+        "habanalabs-qual",
+    ]
+
+
+# AWS's "Installing the Lustre client" (FSx for Lustre user guide), Ubuntu 22.04 and 24.04:
+# key fsx-ubuntu-public-key.asc in /usr/share/keyrings, source
+# /etc/apt/sources.list.d/fsxlustreclientrepo.list with
+# "https://fsx-lustre-client-repo.s3.amazonaws.com/ubuntu <codename> main", packages
+# lustre-client-utils and lustre-client-modules-$(uname -r). FSx has no Debian suite: a Debian
+# node asks for its own codename and preflight's repository read refuses it, as before.
+@pytest.mark.parametrize(("name", "suite"), CODENAMES.items())
+def test_fsx_lustre_suites_are_ubuntu_codenames(rendered, name, suite):
+    values = rendered[name]["lustre_client"]
+    kernel = KERNELS.get(name, "6.18.44-fc-v1252")
+    assert (
+        values["lustre_client_repo_url"] == "https://fsx-lustre-client-repo.s3.amazonaws.com/ubuntu"
+    )
+    assert (values["lustre_client_repo_suite"], values["lustre_client_repo_components"]) == (
+        suite,
+        ["main"],
+    )
+    assert values["lustre_client_repo_key_url"] == (
+        "https://fsx-lustre-client-repo-public-keys.s3.amazonaws.com/fsx-ubuntu-public-key.asc"
+    )
+    assert values["__lustre_client_list_name"] == "fsxlustreclientrepo"
+    assert values["__lustre_client_keyring"] == "/usr/share/keyrings/fsx-ubuntu-public-key.asc"
+    assert values["__lustre_client_packages"] == [
+        "lustre-client-utils",
+        f"lustre-client-modules-{kernel}",
+    ]
+
+
+# The same names in all four archives (packages.debian.org bookworm and trixie,
+# packages.ubuntu.com jammy and noble): nfs-common and nfs-kernel-server (source nfs-utils;
+# nfs-kernel-server ships nfs-server.service), munge, and slurmd / slurm-client / slurmctld
+# (source slurm-wlm: 22.05 bookworm, 24.11 trixie, 21.08 jammy, 23.11 noble), gpg, gpgv,
+# python3, tar, gzip, and base's list (build-essential, python3-dev, python3-venv, libaio-dev,
+# ninja-build, chrony, iproute2, rsync, acl, pciutils, openmpi-bin).
+BASE = [
+    "build-essential",
+    "python3-dev",
+    "python3-venv",
+    "libaio-dev",
+    "ninja-build",
+    "chrony",
+    "iproute2",
+    "rsync",
+    "acl",
+    "pciutils",
+    "openmpi-bin",
+]
+
+
+@pytest.mark.parametrize("name", OSES)
+def test_archive_package_and_service_names(rendered, name):
+    values = rendered[name]
+    assert values["nfs_client"]["nfs_client_packages"] == ["nfs-common"]
+    assert values["nfs_server"] == {
+        "nfs_server_packages": ["nfs-kernel-server"],
+        "nfs_server_service": "nfs-server",
     }
+    assert values["slurm"] == {
+        "slurm_packages": ["munge", "slurmd", "slurm-client"],
+        "slurm_controller_packages": ["slurmctld"],
+    }
+    assert values["efa"]["__efa_packages"] == ["gpg", "gpgv", "python3", "tar", "gzip"]
+    assert values["base"]["base_packages"] == BASE
