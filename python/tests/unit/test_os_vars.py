@@ -8,17 +8,12 @@ names moved into each role's OS table; another OS fails in one preflight line.""
 from __future__ import annotations
 
 import json
-import os
-import pathlib
-import re
 
 import pytest
-import yaml
 
-from .. import rolefiles
+from . import role_render
 
-FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "os_facts"
-PLAYBOOK = pathlib.Path(__file__).parent / "playbooks" / "os_vars.yml"
+FIXTURES = role_render.FIXTURES
 OSES = ["debian12", "debian13", "ubuntu2204", "ubuntu2404"]
 # The running kernel of the nodes whose recordings carry none (only the Debian 12 one was
 # recorded in full): test inputs, for the kernel-named Lustre module package only.
@@ -46,6 +41,7 @@ WANTED = {
         "__nvidia_driver_all",
         "__nvidia_driver_versioned",
         "__nvidia_driver_pin",
+        "__nvidia_driver_dkms_package",
         "nvidia_driver_version",
     ],
     "habana": [
@@ -84,36 +80,14 @@ CODENAMES = {
 def rendered(tmp_path_factory) -> dict:
     """{os: {role: {name: value}}} for the four supported OSes, and "rocky9": the output of its
     run (an unsupported OS, stopped at its first role)."""
-    tmp = tmp_path_factory.mktemp("os_vars")
     hosts = {
-        name: {
-            "ansible_connection": "local",
-            "os_facts_file": str(FIXTURES / f"{name}.json"),
-            **({"ansible_kernel": KERNELS[name]} if name in KERNELS else {}),
-        }
+        name: (name, {"ansible_kernel": KERNELS[name]} if name in KERNELS else {})
         for name in [*OSES, "rocky9"]
     }
-    inventory = tmp / "hosts.yml"
-    inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
-    extra = {
-        "os_vars_wanted": WANTED,
-        "os_vars_roles": list(WANTED),
-        "os_vars_roles_dir": str(rolefiles.ROLES),
-    }
-    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(rolefiles.ROLES))
-    _, _, out = rolefiles.run_local_play(PLAYBOOK, extra, "RENDER", env=env, inventory=inventory)
-    result: dict = {"rocky9": out}
-    host = None
-    for line in out.splitlines():
-        started = re.match(r"ok: \[(\S+)\] => \{", line)
-        if started:
-            host = started.group(1)
-        if "RENDER " in line and host is not None:
-            data = next(rolefiles.tagged(line, "RENDER"))
-            result.setdefault(host, {})[data["role"]] = data["values"]
+    result, out = role_render.render(tmp_path_factory.mktemp("os_vars"), hosts, WANTED)
     for name in OSES:
         assert set(result.get(name, {})) == set(WANTED), out[-3000:]
-    return result
+    return result | {"rocky9": out}
 
 
 def test_debian12_renders_what_it_rendered_before_the_os_files(rendered):
@@ -200,6 +174,8 @@ UBUNTU_NVIDIA = [
 def test_driver_packages_from_nvidias_repository(rendered, name, packages, version):
     values = rendered[name]["nvidia_driver"]
     assert values["__nvidia_driver_packages"]["nvidia"] == {"versioned": packages, "other": []}
+    # the kernel module's package, whose version the handlers compare with the loaded module
+    assert values["__nvidia_driver_dkms_package"] == packages[2]
     assert values["nvidia_driver_version"] == version
     assert values["__nvidia_driver_pin"] == (version or "570.*")
     assert values["__nvidia_driver_install_names"] == (
