@@ -1,13 +1,22 @@
-"""A working driver or toolkit is kept (issue 58): the decisions of nvidia_driver and
-cuda_toolkit, rendered by Ansible from what their preflight reads (nvidia-smi's answer,
-nvcc's, the pin file each role writes when it installs), given here as host variables in
-place of those tasks' results, for recorded Debian 12 and Ubuntu 22.04 facts."""
+"""A working driver, toolkit or Gaudi stack is kept (issue 58): the decisions of
+nvidia_driver, cuda_toolkit and habana, rendered by Ansible from what their preflight reads
+(nvidia-smi's answer, nvcc's, hl-smi's, the pin file each role writes when it installs),
+given here as host variables in place of those tasks' results, for recorded Debian 12 and
+Ubuntu 22.04 facts."""
 
 from __future__ import annotations
+
+import pathlib
 
 import pytest
 
 from . import role_render
+
+# hl-smi's log of a Gaudi2 host (SynapseAI 1.12.1: "Driver Version : 1.12.1-cb7a7bc"),
+# fixtures/accelerators/SOURCES.md names it.
+HL_SMI = (
+    pathlib.Path(__file__).parent / "fixtures" / "accelerators" / "hl-smi-L-i_gaudi2_hl225.txt"
+).read_text()
 
 # nvidia-smi --query-gpu=driver_version --format=csv,noheader prints one line per GPU; its
 # failure without a driver ("couldn't communicate with the NVIDIA driver") exits 9.
@@ -32,6 +41,14 @@ def toolkit(nvcc: dict, pin: dict) -> dict:
     return {"__cuda_toolkit_nvcc_found": nvcc, "__cuda_toolkit_pin_stat": pin}
 
 
+def gaudi(synapseai: str, pin: dict, rc: int = 0) -> dict:
+    return {
+        "__habana_smi_version": {"rc": rc, "stdout": HL_SMI if rc == 0 else ""},
+        "__habana_pin_stat": pin,
+        "os_vars_overrides": {"habana_synapseai_version": synapseai},
+    }
+
+
 CASES = {
     # name: (recorded facts, host vars, driver kept, toolkit kept)
     "same_branch": ("debian12", driver(SMI_570, NO_PIN) | toolkit(NVCC_128, NO_PIN), True, True),
@@ -47,17 +64,26 @@ CASES = {
         False,
     ),
 }
+GAUDI = {
+    # name: (recorded facts, host vars, stack kept)
+    "gaudi_same": ("ubuntu2204", gaudi("1.12.1", NO_PIN), True),
+    "gaudi_other": ("ubuntu2204", gaudi("1.21.1", NO_PIN), False),
+    "gaudi_ours": ("debian12", gaudi("1.12.1", PIN), False),
+    "gaudi_none": ("debian12", gaudi("1.12.1", NO_PIN, rc=127), False),
+}
 WANTED = {
     "cuda_toolkit": ["__cuda_toolkit_keep"],
     "nvidia_driver": ["__nvidia_driver_keep", "__nvidia_driver_running"],
+    "habana": ["__habana_keep", "__habana_running"],
 }
 
 
 @pytest.fixture(scope="module")
 def decided(tmp_path_factory) -> dict:
     hosts = {name: (facts, more) for name, (facts, more, _, _) in CASES.items()}
+    hosts |= {name: (facts, more) for name, (facts, more, _) in GAUDI.items()}
     result, out = role_render.render(tmp_path_factory.mktemp("keep"), hosts, WANTED)
-    assert set(result) == set(CASES), out[-3000:]
+    assert set(result) == set(hosts), out[-3000:]
     return result
 
 
@@ -73,3 +99,12 @@ def test_a_working_driver_of_the_branch_or_newer_is_kept_unless_this_role_instal
 def test_the_running_driver_is_read_from_nvidia_smis_first_gpu(decided):
     assert decided["same_branch"]["nvidia_driver"]["__nvidia_driver_running"] == "570.172.08"
     assert decided["none"]["nvidia_driver"]["__nvidia_driver_running"] == ""
+
+
+@pytest.mark.parametrize("name", GAUDI)
+def test_a_running_gaudi_stack_of_the_wanted_release_is_kept_unless_this_role_installed_it(
+    decided, name
+):
+    assert decided[name]["habana"]["__habana_keep"] is GAUDI[name][2]
+    running = "1.12.1-cb7a7bc" if name != "gaudi_none" else ""
+    assert decided[name]["habana"]["__habana_running"] == running
