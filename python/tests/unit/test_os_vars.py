@@ -42,6 +42,7 @@ WANTED = {
         "__nvidia_driver_versioned",
         "__nvidia_driver_pin",
         "__nvidia_driver_dkms_package",
+        "__nvidia_driver_kernel_headers",
         "nvidia_driver_version",
     ],
     "habana": [
@@ -176,6 +177,9 @@ def test_driver_packages_from_nvidias_repository(rendered, name, packages, versi
     assert values["__nvidia_driver_packages"]["nvidia"] == {"versioned": packages, "other": []}
     # the kernel module's package, whose version the handlers compare with the loaded module
     assert values["__nvidia_driver_dkms_package"] == packages[2]
+    # NVIDIA's driver installation guide, Debian and Ubuntu: apt install linux-headers-$(uname -r)
+    kernel = KERNELS.get(name, "6.18.44-fc-v1252")
+    assert values["__nvidia_driver_kernel_headers"] == f"linux-headers-{kernel}"
     assert values["nvidia_driver_version"] == version
     assert values["__nvidia_driver_pin"] == (version or "570.*")
     assert values["__nvidia_driver_install_names"] == (
