@@ -284,12 +284,15 @@ def test_fsx_lustre_suites_are_ubuntu_codenames(rendered, name, suite):
     ]
 
 
-# The same names in all four archives (packages.debian.org bookworm and trixie,
-# packages.ubuntu.com jammy and noble): nfs-common and nfs-kernel-server (source nfs-utils;
-# nfs-kernel-server ships nfs-server.service), munge, and slurmd / slurm-client / slurmctld
-# (source slurm-wlm: 22.05 bookworm, 24.11 trixie, 21.08 jammy, 23.11 noble), gpg, gpgv,
-# python3, tar, gzip, and base's list (build-essential, python3-dev, python3-venv, libaio-dev,
-# ninja-build, chrony, iproute2, rsync, acl, pciutils, openmpi-bin).
+# The same names in all four archives. Checked here: packages.ubuntu.com/noble/slurm-wlm
+# (23.11.4, universe; depends on slurm-client, slurmctld, slurmd; slurmd depends on munge) and
+# packages.debian.org/src:slurm-wlm (bookworm 22.05.8: slurm-client, slurmctld, slurmd among
+# its binaries). From the Debian and Ubuntu package indexes, not re-checked here: nfs-common
+# and nfs-kernel-server (source nfs-utils; nfs-kernel-server ships nfs-server.service), the
+# jammy (21.08) and trixie (24.11) Slurm, gpg, gpgv, python3, tar, gzip, and base's list
+# (build-essential, python3-dev, python3-venv, libaio-dev, ninja-build, chrony, iproute2,
+# rsync, acl, pciutils, openmpi-bin; on Ubuntu ninja-build, openmpi-bin and Slurm are in
+# universe).
 BASE = [
     "build-essential",
     "python3-dev",
