@@ -140,6 +140,13 @@ def test_a_refused_or_empty_log_is_a_skip_not_a_pass():
     assert finding.status == "skip" and "containers often cannot read dmesg" in finding.detail
 
 
+def test_coloured_dmesg_is_still_a_log():
+    text = recorded("dmesg_sxid22013_nvtrust124.txt")
+    coloured = "".join(f"\x1b[32m{line[:15]}\x1b[0m{line[15:]}\n" for line in text.splitlines())
+    (finding,) = judge(coloured)
+    assert finding.detail.startswith("NVSwitch 0000:02:00.0: SXid 22013")
+
+
 def test_garbage_and_truncated_logs_are_unreadable_in_one_line():
     with pytest.raises(Unreadable) as garbage:
         judge(bytes(range(256)).decode("latin-1") * 4)

@@ -200,4 +200,5 @@ def _normal(device: str) -> str:
 
 
 def _controls(text: str) -> int:
-    return sum(1 for ch in text if ord(ch) < 32 and ch not in "\t\n\r\f\v")
+    # ESC is allowed: `dmesg --color=always` colours the lines.
+    return sum(1 for ch in text if ord(ch) < 32 and ch not in "\t\n\r\f\v\x1b")
