@@ -195,6 +195,33 @@ FAULTS: dict[str, tuple[str, tuple[Edit, ...]]] = {
 }
 
 
+NVLINK_V100 = "nvlink/nvidia-smi-nvlink-s_4x_v100-sxm2.txt"
+NVLINK_A6000 = "nvlink/nvidia-smi-nvlink-s_3x_rtx-a6000.txt"
+NVLINK_A100_S = "nvlink/nvidia-smi-nvlink-s-i0_a100-sxm4.txt"
+NVLINK_A100_E = "nvlink/nvidia-smi-nvlink-e_8x_a100-sxm4.txt"
+
+FAULTS.update(
+    {
+        # GPU 1: links 2 and 3 inactive, its other four up.
+        "v100_nvlink_gpu1_down": (
+            NVLINK_V100,
+            tuple(
+                Edit("GPU 1:", f"\t Link {n}: 25.781 GB/s", f"\t Link {n}: <inactive>")
+                for n in (2, 3)
+            ),
+        ),
+        # GPU 3 link 7: 3 replays and 12 CRC errors.
+        "a100_nvlink_gpu3_crc": (
+            NVLINK_A100_E,
+            (
+                Edit("GPU 3:", "\t Link 7: Replay Errors: 0\n", "\t Link 7: Replay Errors: 3\n"),
+                Edit("GPU 3:", "\t Link 7: CRC Errors: 0\n", "\t Link 7: CRC Errors: 12\n"),
+            ),
+        ),
+    }
+)
+
+
 def fault(name: str) -> str:
     base, edits = FAULTS[name]
     return edited(fixture(base), *edits)
