@@ -237,3 +237,28 @@ def node(missing: dict[str, str] | None = None, **files: str) -> NodeOutputs:
         "lspci_vvv_txt": "lspci-vvv.txt",
     }
     return NodeOutputs("node", {names[k]: v for k, v in files.items()}, missing or {})
+
+
+TOPO_H20 = "topology/nvidia-smi-topo_8x_h20_8nic.txt"
+TOPO_A6000 = "topology/nvidia-smi-topo_3x_rtx-a6000.txt"
+LSPCI_ROOT_PORT = "topology/lspci-vvv-s01.1_haiguang_root_port.txt"
+
+
+def without_devices(text: str, *names: str) -> str:
+    """A topo -m matrix as nvidia-smi prints it when `names` (e.g. NIC4) are not present:
+    their columns, their rows and their NIC Legend lines removed."""
+    lines = text.split("\n")
+    header = next(i for i, ln in enumerate(lines) if ln.startswith("\tGPU0"))
+    columns = lines[header].split("\t")
+    drop = [i for i, c in enumerate(columns) if c.strip() in names]
+    assert len(drop) == len(names), names
+    out = []
+    for number, line in enumerate(lines):
+        fields = line.split("\t")
+        if fields[0].strip() in names or line.strip().split(":")[0] in names:
+            continue  # the device's row, or its NIC Legend line
+        if number == header or (number > header and fields[0].strip() in columns):
+            out.append("\t".join(f for i, f in enumerate(fields) if i not in drop))
+        else:
+            out.append(line)
+    return "\n".join(out)
