@@ -242,6 +242,25 @@ def node(missing: dict[str, str] | None = None, **files: str) -> NodeOutputs:
 TOPO_H20 = "topology/nvidia-smi-topo_8x_h20_8nic.txt"
 TOPO_A6000 = "topology/nvidia-smi-topo_3x_rtx-a6000.txt"
 LSPCI_ROOT_PORT = "topology/lspci-vvv-s01.1_haiguang_root_port.txt"
+LSPCI_PLX = "topology/lspci-vvv_plx-pex8747_titan-x.txt"
+
+FAULTS.update(
+    {
+        # The PLX downstream port above the TITAN X with ACS source validation and P2P
+        # request/completion redirect and upstream forwarding on, as lspci prints it on
+        # hosts where the BIOS leaves ACS enabled (NVIDIA/nccl issue 629).
+        "plx_acs_on": (
+            LSPCI_PLX,
+            (
+                Edit(
+                    "",
+                    "ACSCtl: SrcValid- TransBlk- ReqRedir- CmpltRedir- UpstreamFwd- EgressCtrl-",
+                    "ACSCtl: SrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl-",
+                ),
+            ),
+        ),
+    }
+)
 
 
 def without_devices(text: str, *names: str) -> str:

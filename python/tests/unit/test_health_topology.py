@@ -8,9 +8,11 @@ import pytest
 from dscluster.doctor.health import Expect, Unreadable, topology
 
 from .health_fixtures import (
+    LSPCI_PLX,
     LSPCI_ROOT_PORT,
     TOPO_A6000,
     TOPO_H20,
+    fault,
     fixture,
     node,
     without_devices,
@@ -57,6 +59,31 @@ def test_healthy_topology_passes_and_root_port_acs_is_not_flagged():
         "8 GPUs each with a NIC on their NUMA node; "
         "no PCIe switch port redirects P2P above a GPU or NIC"
     )
+
+
+def test_parse_lspci_switch_port_above_a_gpu():
+    port, gpu = topology.parse_lspci(fixture(LSPCI_PLX))
+    assert (port.port, port.secondary, port.subordinate, port.redirects) == (
+        "Downstream Port", 4, 4, [],
+    )  # fmt: skip
+    assert (gpu.address, gpu.kind, gpu.bus) == ("04:00.0", "VGA compatible controller", 4)
+
+
+def test_switch_port_with_acs_off_above_a_gpu_passes():
+    (finding,) = judge(fixture(TOPO_H20), fixture(LSPCI_PLX))
+    assert finding.status == "pass"
+
+
+def test_switch_port_with_acs_redirect_above_a_gpu_warns():
+    passed, finding = judge(fixture(TOPO_H20), fault("plx_acs_on"))
+    assert passed.status == "pass"
+    assert (finding.status, finding.action) == ("warn", "reboot")
+    assert finding.detail == (
+        "PCIe switch port 03:08.0 redirects peer-to-peer traffic (ACS ReqRedir, CmpltRedir) "
+        "above 04:00.0 (VGA compatible controller)"
+    )
+    assert "PCI Access Control Services" in finding.fix
+    assert finding.evidence.startswith("ACSCtl: SrcValid+ TransBlk- ReqRedir+ CmpltRedir+")
 
 
 def test_gpus_without_a_nic_on_their_numa_node_warn():
