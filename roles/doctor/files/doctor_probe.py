@@ -5,7 +5,8 @@ Subcommands, each bounded in time and never failing on what it finds (findings a
 the controller judges them):
   node     this node's own checks: name resolution of every cluster host, /dev/shm, free
            disk, the versions manifest (live, through the cluster venv), libaio and the
-           async_io op, socket interface names, accelerators detected now, the shared token
+           async_io op, socket interface names, accelerators detected now, the shared token;
+           and the vendor tools' raw health outputs (HEALTH below), judged on the controller
   start    the first call, run by ansible.builtin.script: make a private directory (0755, so
            the training user can run the probe), copy this file there, start the
            listener from it in the background and print the ports it bound and the directory
@@ -32,6 +33,7 @@ import random
 import re
 import selectors
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -51,6 +53,172 @@ def run(argv: list[str], timeout: float, env: dict | None = None) -> tuple[int, 
     except subprocess.TimeoutExpired:
         return 124, "", f"{' '.join(argv[:3])}...: no answer within {timeout:.0f} s"
     return proc.returncode, proc.stdout, proc.stderr
+
+
+# ---- health: the vendor tools' own outputs, recorded raw -----------------------------------
+
+# The probe's copy of dscluster.doctor.health.FILES (the probe cannot import dscluster):
+# file name -> (argv, seconds it may take). Absent tools cost a PATH lookup, nothing more.
+HEALTH: dict[str, tuple[list[str], float]] = {
+    "nvidia-smi-q.xml": (["nvidia-smi", "-q", "-x"], 30),
+    "nvidia-smi-topo.txt": (["nvidia-smi", "topo", "-m"], 15),
+    "nvidia-smi-nvlink-s.txt": (["nvidia-smi", "nvlink", "-s"], 15),
+    "nvidia-smi-nvlink-e.txt": (["nvidia-smi", "nvlink", "-e"], 15),
+    "lspci-vvv.txt": (["lspci", "-vvv"], 15),
+    "kernel.log": (["dmesg"], 10),
+    "fi_info-efa.txt": (["fi_info", "-p", "efa"], 10),
+    "ibv_devinfo.txt": (["ibv_devinfo"], 10),
+    "dcgmi-diag.json": (["dcgmi", "diag", "-r", "1", "-j"], 0),  # level and time: the budget
+    "hl-smi-q.txt": (["hl-smi", "-q"], 30),
+}
+HEALTH_CAP = 4 << 20  # bytes kept of one output; the rest is cut and the cut noted
+# Output that is still the tool's report when it exits non-zero (a failed dcgm test, a GPU
+# nvidia-smi cannot query among others): kept, with its rc in the index.
+REPORT_STARTS = {".xml": "<", ".json": "{"}
+# Kernel log lines the judges read (Xid, PCIe AER, the GPU/HPU/NIC drivers, machine checks):
+# only these leave the node, which bounds the size and keeps the rest of the log (users'
+# processes, mounts, USB, ...) private.
+KERNEL_LINES = re.compile(
+    r"NVRM|Xid|nvidia|nvswitch|nvlink|habanalabs|\befa\b|mlx5|infiniband|\bib_|AER|"
+    r"PCIe Bus Error|pcieport|fallen off the bus|Hardware Error|\bmce\b|EDAC",
+    re.IGNORECASE,
+)
+# dcgmi diag levels by the time they take (DCGM docs, dcgmi diag --run: 1 "seconds",
+# 2 "approximately two minutes", 3 "approximately 15 minutes" (30 in older releases),
+# 4 "extended", 1-2 hours; https://docs.nvidia.com/datacenter/dcgm/latest/reference/
+# command-line-reference/dcgmi/dcgmi-diag.html): the highest level the budget covers.
+DCGM_LEVELS = ((4, 7200), (3, 1800), (2, 120), (1, 0))
+
+
+def dcgm_level(budget: float) -> int:
+    """The dcgmi diag level a budget in seconds pays for; 0 (not run) for no budget."""
+    if budget <= 0:
+        return 0
+    return next(level for level, needs in DCGM_LEVELS if budget >= needs)
+
+
+def one_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[0][:300] if lines else ""
+
+
+def reason(tool: str, err: str, out: str, rc: int | None) -> str:
+    """ "tool: its first line of complaint", without the tool's name twice."""
+    why = one_line(err) or one_line(out) or f"exit {rc}"
+    if why == "-- No entries --":
+        why = "no entries"
+    return why if why.startswith(f"{tool}: ") else f"{tool}: {why}"
+
+
+def capture(argv: list[str], timeout: float) -> tuple[int | None, str, str, float]:
+    """rc (None: not found or timed out), stdout, stderr (decoded, bad bytes replaced), seconds.
+    The tool runs in a session of its own: on a timeout its whole group is killed, so no
+    helper it started keeps our pipes open."""
+    start = time.monotonic()
+    env = dict(os.environ, LC_ALL="C")
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        why = "not found" if isinstance(exc, FileNotFoundError) else (exc.strerror or str(exc))
+        return None, "", why, time.monotonic() - start
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return None, "", f"no answer within {timeout:.0f} s", time.monotonic() - start
+    seconds = time.monotonic() - start
+    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"), seconds
+
+
+def kernel_log() -> tuple[dict, str | None]:
+    """The kernel log since boot, only the lines the judges read: dmesg, or the journal's
+    kernel messages where dmesg is restricted (kernel.dmesg_restrict without CAP_SYSLOG)."""
+    tried = []
+    for argv in (["dmesg"], ["journalctl", "-k", "-b", "-o", "short-monotonic", "--no-pager"]):
+        if shutil.which(argv[0]) is None:
+            tried.append(f"{argv[0]}: not found")
+            continue
+        rc, out, err, seconds = capture(argv, HEALTH["kernel.log"][1])
+        lines = out.splitlines()
+        if rc == 0 and lines and not (argv[0] == "journalctl" and lines == ["-- No entries --"]):
+            kept = [ln for ln in lines if KERNEL_LINES.search(ln)]
+            entry = {"argv": argv, "rc": rc, "seconds": round(seconds, 3)}
+            entry.update(lines=len(lines), kept=len(kept), filter=KERNEL_LINES.pattern)
+            return entry, "".join(ln + "\n" for ln in kept)
+        tried.append(
+            reason(argv[0], err, out, rc) if rc or out.strip() else f"{argv[0]}: no entries"
+        )
+    return {"argv": ["dmesg"], "rc": None, "seconds": 0.0, "missing": "; ".join(tried)}, None
+
+
+def record_one(name: str, argv: list[str], timeout: float) -> tuple[dict, str | None]:
+    entry: dict = {"argv": argv, "rc": None, "seconds": 0.0}
+    if shutil.which(argv[0]) is None:
+        entry["missing"] = f"{argv[0]}: not found"
+        return entry, None
+    rc, out, err, seconds = capture(argv, timeout)
+    entry.update(rc=rc, seconds=round(seconds, 3))
+    start = REPORT_STARTS.get(os.path.splitext(name)[1])
+    if rc == 0 or (rc is not None and start and out.lstrip().startswith(start)):
+        return entry, out
+    # nvidia-smi without a driver (rc 9), fi_info without an EFA device: the tool's own reason
+    entry["missing"] = reason(argv[0], err, out, rc)
+    return entry, None
+
+
+def not_run(argv: list[str], why: str) -> tuple[dict, str | None]:
+    return {"argv": argv, "rc": None, "seconds": 0.0, "missing": why}, None
+
+
+def capped(entry: dict, text: str, keep_tail: bool) -> str:
+    data = text.encode()
+    if len(data) <= HEALTH_CAP:
+        return text
+    entry["truncated"] = {
+        "bytes": len(data),
+        "kept": HEALTH_CAP,
+        "end": "last" if keep_tail else "first",
+    }
+    cut = data[-HEALTH_CAP:] if keep_tail else data[:HEALTH_CAP]
+    return cut.decode(errors="ignore")
+
+
+def health(gpu_diag_budget: float) -> dict:
+    """Every HEALTH file, in parallel: {"files": {name: text}, "index": {name: {"argv", "rc",
+    "seconds", "missing"?, "truncated"?}}}. Never fails: a tool that is absent or has no device
+    gives its reason as "missing"."""
+    jobs = {}
+    level = dcgm_level(gpu_diag_budget)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(HEALTH)) as pool:
+        for name, (argv, timeout) in HEALTH.items():
+            if name == "kernel.log":
+                jobs[name] = pool.submit(kernel_log)
+            elif name == "dcgmi-diag.json" and level == 0:
+                why = "dcgmi diag not run (doctor --gpu-diag-budget is 0)"
+                if shutil.which("dcgmi") is None:
+                    why = "dcgmi: not found"
+                jobs[name] = pool.submit(not_run, argv, why)
+            elif name == "dcgmi-diag.json":
+                diag = ["dcgmi", "diag", "-r", str(level), "-j"]
+                jobs[name] = pool.submit(record_one, name, diag, gpu_diag_budget)
+            else:
+                jobs[name] = pool.submit(record_one, name, argv, timeout)
+    files, index = {}, {}
+    for name, job in jobs.items():
+        entry, text = job.result()
+        if text is not None:
+            files[name] = capped(entry, text, keep_tail=name == "kernel.log")
+        index[name] = entry
+    return {"files": files, "index": index}
 
 
 # ---- node ----------------------------------------------------------------------------------
@@ -161,6 +329,10 @@ def accelerators(fact_script: str) -> dict:
 
 def cmd_node(args: argparse.Namespace) -> dict:
     hosts = json.loads(args.hosts)
+    # the health outputs are gathered while the other checks run (nvidia-smi takes seconds)
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    recorded = pool.submit(health, args.gpu_diag_budget)
+    pool.shutdown(wait=False)  # the job runs on; .result() below waits for it
     fact = accelerators(args.accelerators_fact)
     shared = {}
     if args.shared_token:
@@ -180,6 +352,7 @@ def cmd_node(args: argparse.Namespace) -> dict:
         "accelerators": {k: fact.get(k) for k in ("kind", "count", "error") if k in fact},
         "nics": fact.get("nics", []),
         "shared": shared,
+        "health": recorded.result(),
         "time": time.time(),
     }
 
@@ -424,6 +597,9 @@ def main(argv: list[str] | None = None) -> int:
     node.add_argument("--profile-script", required=True)
     node.add_argument("--accelerators-fact", required=True)
     node.add_argument("--shared-token", default="")
+    node.add_argument(
+        "--gpu-diag-budget", type=float, default=0, help="seconds for dcgmi diag (0: not run)"
+    )
     # What a listener binds and for how long: `start` passes it on to the `listen` it starts.
     ports = argparse.ArgumentParser(add_help=False)
     ports.add_argument("--rendezvous", type=int, default=0)
