@@ -12,8 +12,10 @@ failed pairs are the source's, naming the target. A node the controller cannot r
 
 report.py: the table, problem lines and summary; findings.py: reading one node's findings;
 network.py: checks between nodes (ssh, pdsh, memlock, resolve, ports, clock); node.py: checks
-on each node (shm, disk, shared, libaio, ifname, versions, slots); evaluate.py: all of them
-over every node; run.py: gathering the findings with playbooks/doctor.yml, preflight.
+on each node (shm, disk, shared, libaio, ifname, versions, slots); health/: the node health
+checks on the vendor tools' recorded outputs (registry.py: check -> tool -> judge);
+record.py: those outputs from a live run, `--record DIR` and `--replay DIR`; evaluate.py: all
+of them over every node; run.py: gathering the findings with playbooks/doctor.yml, preflight.
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ from .evaluate import evaluate
 from .findings import attribute, load_json, stdout_json, step_error
 from .network import judge_clock, judge_pdsh_memlock, judge_ports, judge_resolve, judge_ssh
 from .node import RDMA_PROFILES, VERSION_FIELDS, judge_local, judge_slots, judge_versions
+from .record import read_record, replay, write_record
 from .report import (
     CHECKS,
+    CLUSTER_CHECKS,
     GIB,
+    HEALTH_CHECKS,
     MIB,
     STATUS_ORDER,
     STYLE,
@@ -39,7 +44,9 @@ from .run import preflight, require_healthy, run_doctor
 
 __all__ = [
     "CHECKS",
+    "CLUSTER_CHECKS",
     "GIB",
+    "HEALTH_CHECKS",
     "MIB",
     "RDMA_PROFILES",
     "STATUS_ORDER",
@@ -61,10 +68,13 @@ __all__ = [
     "load_json",
     "preflight",
     "problem_lines",
+    "read_record",
+    "replay",
     "require_healthy",
     "run_doctor",
     "stdout_json",
     "step_error",
     "summary_line",
     "table",
+    "write_record",
 ]

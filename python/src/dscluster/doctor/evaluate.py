@@ -9,6 +9,7 @@ from ..inventory import DEFAULT_MASTER_PORT
 from .findings import stdout_json, step_error
 from .network import judge_clock, judge_pdsh_memlock, judge_ports, judge_resolve, judge_ssh
 from .node import judge_local, judge_slots, judge_versions
+from .record import Recording, judge_health, recordings
 from .report import CHECKS, DoctorReport, Thresholds
 
 
@@ -27,10 +28,13 @@ def evaluate(  # noqa: PLR0913 - every finding the judges read, each a keyword
     master_port: int = DEFAULT_MASTER_PORT,
     user: str = "ds",
     thresholds: Thresholds | None = None,
+    instance_types: Mapping[str, str] | None = None,
+    health: Mapping[str, Recording] | None = None,
 ) -> DoctorReport:
     """Judge the findings. findings: host -> the JSON the doctor role wrote for it.
     recorded: host -> its recorded facts (facts/<host>.json from provision), for the NCCL
-    profile, the accelerator kind and the versions provision installed."""
+    profile, the accelerator kind and the versions provision installed. health: the live
+    nodes' health outputs (record.recordings of the same findings; made here when None)."""
     t = thresholds or Thresholds()
     unreachable = dict(unreachable or {})
     recorded = recorded or {}
@@ -74,4 +78,13 @@ def evaluate(  # noqa: PLR0913 - every finding the judges read, each a keyword
         expected_slots=expected_slots,
         cpu_slots=cpu_slots,
     )
+    if health is None:
+        health = recordings(
+            live,
+            findings,
+            recorded=recorded,
+            expected_slots=expected_slots,
+            instance_types=instance_types,
+        )
+    judge_health(report, {h: r for h, r in health.items() if h in live})
     return report

@@ -10,7 +10,9 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-CHECKS: dict[str, str] = {
+from .health.registry import CHECKS as HEALTH
+
+CLUSTER_CHECKS: dict[str, str] = {
     "reach": "the controller reaches the node (Ansible over SSH)",
     "ssh": "SSH to every node as the training user (BatchMode, StrictHostKeyChecking)",
     "pdsh": "pdsh from the head reaches the node (DeepSpeed's launcher path)",
@@ -27,6 +29,9 @@ CHECKS: dict[str, str] = {
     "slots": "hostfile slots match the accelerators detected now",
     "ifname": "NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME name an addressed interface",
 }
+# The node health checks (health/registry.py), judged on the vendor tools' recorded outputs.
+HEALTH_CHECKS: dict[str, str] = {name: check.description for name, check in HEALTH.items()}
+CHECKS: dict[str, str] = {**CLUSTER_CHECKS, **HEALTH_CHECKS}
 STATUS_ORDER = {"pass": 0, "skip": 1, "warn": 2, "fail": 3}
 STYLE = {"pass": "green", "skip": "dim", "warn": "yellow", "fail": "bold red"}
 
@@ -67,6 +72,9 @@ class DoctorReport:
     hosts: list[str]
     head: str
     cells: dict[str, dict[str, Cell]]  # check -> host -> cell
+    # the checks this report holds, in table order (a replay holds the health checks only)
+    checks: list[str] = dataclasses.field(default_factory=lambda: list(CHECKS))
+    title: str = ""  # the table's title; default "doctor: N nodes, head H"
 
     def cell(self, check: str, host: str) -> Cell:
         return self.cells.setdefault(check, {}).setdefault(host, Cell())
@@ -79,7 +87,7 @@ class DoctorReport:
         """(host, check, cell) with that status, in host order then check order."""
         out = []
         for host in self.hosts:
-            for check in CHECKS:
+            for check in self.checks:
                 cell = self.cells.get(check, {}).get(host)
                 if cell and cell.status == status:
                     out.append((host, check, cell))
@@ -95,7 +103,7 @@ class DoctorReport:
             "hosts": self.hosts,
             "checks": {
                 check: {host: dataclasses.asdict(cell) for host, cell in self.cells[check].items()}
-                for check in CHECKS
+                for check in self.checks
                 if check in self.cells
             },
             "failures": [
@@ -121,9 +129,8 @@ def table(report: DoctorReport, width: int | None = None) -> Table:
 
 
 def _titled(report: DoctorReport) -> Table:
-    return Table(
-        title=f"doctor: {len(report.hosts)} nodes, head {report.head}", title_justify="left"
-    )
+    title = report.title or f"doctor: {len(report.hosts)} nodes, head {report.head}"
+    return Table(title=title, title_justify="left")
 
 
 def _status(report: DoctorReport, check: str, host: str) -> str:
@@ -136,7 +143,9 @@ def _wide_table(report: DoctorReport) -> Table:
     t.add_column("check")
     for host in report.hosts:
         t.add_column(host)
-    for check in CHECKS:
+    for check in report.checks:
+        if check == next(iter(HEALTH_CHECKS)) and check != report.checks[0]:
+            t.add_section()  # the cluster's checks above, the node health checks below
         row: list[str | Text] = [check]
         for host in report.hosts:
             status = _status(report, check, host)
@@ -157,14 +166,16 @@ def _node_table(report: DoctorReport) -> Table:
     t.add_column("node", no_wrap=True)
     for status in STATUS_ORDER:
         t.add_column(status, justify="right")
-    t.add_column(f"not passed (of {len(CHECKS)} checks)")
+    # Skips are counted, not named: a CPU node skips every GPU check, and a list of them
+    # would bury the failures in a narrow column.
+    t.add_column(f"failed or warned (of {len(report.checks)} checks)")
     for host in report.hosts:
-        statuses = {check: _status(report, check, host) for check in CHECKS}
+        statuses = {check: _status(report, check, host) for check in report.checks}
         counts = [str(sum(1 for s in statuses.values() if s == status)) for status in STATUS_ORDER]
         others = Text(", ").join(
             Text(f"{check} {status}", style=STYLE[status])
             for check, status in statuses.items()
-            if status != "pass"
+            if status in ("fail", "warn")
         )
         t.add_row(host, *counts, others)
     return t
@@ -186,7 +197,7 @@ def summary_line(report: DoctorReport) -> str:
         extra = f" ({warns} warning(s))" if warns else ""
         return f"doctor: every check passed on {len(report.hosts)} nodes{extra}"
     where = sorted({h for h, _, _ in fails}, key=report.hosts.index)
-    checks = sorted({c for _, c, _ in fails}, key=list(CHECKS).index)
+    checks = sorted({c for _, c, _ in fails}, key=report.checks.index)
     return (
         f"doctor: {len(fails)} failure(s) on {', '.join(where)} ({', '.join(checks)}); "
         f"first: {problem_lines(report)[0]}"

@@ -23,6 +23,7 @@ from ..util import atomic_write
 from ..validate import read_text
 from .evaluate import evaluate
 from .findings import load_json
+from .record import check_record_dir, recordings, write_record
 from .report import DoctorReport, Thresholds, problem_lines, summary_line, table
 
 
@@ -104,11 +105,16 @@ def run_doctor(
     master_port: int = DEFAULT_MASTER_PORT,
     thresholds: Thresholds | None = None,
     console: Console | None = None,
+    gpu_diag_budget: int = 0,
+    record: pathlib.Path | None = None,
 ) -> DoctorReport:
-    """Run playbooks/doctor.yml and judge what it found. Saves reports/doctor-latest.json."""
+    """Run playbooks/doctor.yml and judge what it found. Saves reports/doctor-latest.json;
+    with `record`, the nodes' health outputs go to that directory (record.py) for --replay."""
     from ..runner import run_playbook  # noqa: PLC0415
 
     console = console or Console(stderr=True)
+    if record is not None:
+        check_record_dir(record)
     inputs = _inputs(inv)
     # Nodes a provision --allow-degraded left out are not in the hostfile: not checked either.
     degraded = inputs["degraded"]
@@ -134,9 +140,10 @@ def run_doctor(
             },
             "doctor_master_port": master_port,
             "doctor_token": token,
+            "doctor_gpu_diag_budget": gpu_diag_budget,
         },
         limit=",".join(hosts) if degraded else None,
-        timeout=600,
+        timeout=600 + gpu_diag_budget,
         console=console,
         live=False if not console.is_terminal else None,
     )
@@ -163,6 +170,17 @@ def run_doctor(
                 if unowned
                 else f"no findings came back (the play ended {result.status}, rc {result.rc})"
             )
+    instance_types = {
+        h: t for h in hosts if isinstance(t := inv.var(h, "dscluster_instance_type", ""), str)
+    }
+    live = [h for h in hosts if h in findings and h not in unreachable]
+    health = recordings(
+        live,
+        findings,
+        recorded=recorded,
+        expected_slots=inputs["expected_slots"],
+        instance_types=instance_types,
+    )
     report = evaluate(
         hosts,
         inv.head,
@@ -177,7 +195,16 @@ def run_doctor(
         master_port=master_port,
         user=inputs["user"],
         thresholds=thresholds,
+        health=health,
     )
+    if record is not None:
+        write_record(record, health)
+        console.print(
+            f"doctor: recorded {len(health)} node(s)' health outputs in {record} "
+            f"(judge them again with 'dscluster doctor --replay {record}')",
+            markup=False,
+            highlight=False,
+        )
     atomic_write(
         inv.directory / "reports" / "doctor-latest.json",
         json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n",

@@ -1,0 +1,149 @@
+"""The health checks: each check's tool, its one-line description and its judge, as a table.
+
+A judge lives in the module of its tool's family (nvidia.py, hpu.py, xid.py, nvlink.py,
+topology.py, fabric.py, dcgm.py) and is found by name when a check runs: a build without
+that module gives the check one skip naming it, never an import error for the whole doctor.
+`judge_node` runs every check on one node's recorded outputs; `add_cells` turns the findings
+into the report's cells: the worst status wins and only its findings are shown, each detail
+led by its action ("isolate: GPU 3 (0000:5d:00.0) fell off the bus (Xid 79)").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from . import FILES, Expect, Finding, NodeOutputs, Unreadable
+
+if TYPE_CHECKING:
+    from ..report import DoctorReport
+
+Judge = Callable[[NodeOutputs, Expect], list[Finding]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    description: str  # one line, for report.CHECKS
+    tool: str  # the recorded output it reads, for the README table and skips
+    judge: str  # "module.function" under dscluster.doctor.health, or a function here
+
+
+def _gpu_count(outputs: NodeOutputs, expect: Expect) -> list[Finding]:
+    if expect.accelerator == "nvidia":
+        return _resolve("nvidia.judge_gpu_count")(outputs, expect)
+    if expect.accelerator == "gaudi":
+        return _resolve("hpu.judge_hpu_count")(outputs, expect)
+    return [Finding("skip", "no accelerators expected (cpu node)")]
+
+
+LOCAL: dict[str, Judge] = {"gpu_count": _gpu_count}
+
+CHECKS: dict[str, Check] = {
+    "gpu_count": Check(
+        "every GPU/HPU the node should have is present (nvidia-smi -q / hl-smi -q)",
+        "nvidia-smi -q -x, hl-smi -q",
+        "gpu_count",
+    ),
+    "xid": Check(
+        "no NVIDIA Xid errors in the kernel log since boot", "kernel log", "xid.judge_xid"
+    ),
+    "ecc": Check(
+        "no uncorrectable ECC errors, no pending or failed row remaps",
+        "nvidia-smi -q -x",
+        "nvidia.judge_ecc",
+    ),
+    "pcie": Check(
+        "GPU PCIe links at their full width and generation", "nvidia-smi -q -x", "nvidia.judge_pcie"
+    ),
+    "throttle": Check(
+        "no thermal/power slowdown or hardware throttling",
+        "nvidia-smi -q -x",
+        "nvidia.judge_throttle",
+    ),
+    "nvlink": Check(
+        "every NVLink up, no error counters rising",
+        "nvidia-smi nvlink -s / -e",
+        "nvlink.judge_nvlink",
+    ),
+    "topology": Check(
+        "GPU-to-GPU and GPU-to-NIC paths as the node type should have them",
+        "nvidia-smi topo -m",
+        "topology.judge_topology",
+    ),
+    "fabric": Check(
+        "EFA/InfiniBand devices present and their ports active",
+        "fi_info -p efa, ibv_devinfo",
+        "fabric.judge_fabric",
+    ),
+    "dcgm": Check(
+        "DCGM diagnostic passes (doctor --gpu-diag-budget)", "dcgmi diag -j", "dcgm.judge_dcgm"
+    ),
+    "hpu": Check("Gaudi HPUs healthy (hl-smi -q)", "hl-smi -q", "hpu.judge_hpu"),
+}
+
+
+def _resolve(name: str) -> Judge:
+    """A judge by "module.function" in this package; a module this build lacks gives a
+    judge that skips saying so."""
+    if name in LOCAL:
+        return LOCAL[name]
+    module, _, function = name.rpartition(".")
+    full = f"{__package__}.{module}"
+    try:
+        found = importlib.import_module(full)
+    except ModuleNotFoundError as exc:
+        if exc.name != full:
+            raise
+        return lambda outputs, expect: [
+            Finding("skip", f"no judge in this dscluster build ({full} is missing)")
+        ]
+    judge: Judge = getattr(found, function)
+    return judge
+
+
+def unreadable_line(host: str, exc: Unreadable) -> str:
+    """One line naming the node and the file: "<host>: <file> cannot be read: <why>; ..."."""
+    name, _, why = str(exc).partition(": ")
+    what = f"{name} cannot be read: {why}" if name in FILES else f"cannot be read: {exc}"
+    return f"{host}: {what}; record again with 'dscluster doctor --record DIR'"
+
+
+def judge_node(outputs: NodeOutputs, expect: Expect) -> dict[str, list[Finding]]:
+    """Every health check on one node. A file a judge cannot parse fails that check in one
+    line naming the node and the file; a judge's own error (a bug) does too, not the run."""
+    results: dict[str, list[Finding]] = {}
+    for check, spec in CHECKS.items():
+        try:
+            results[check] = list(_resolve(spec.judge)(outputs, expect))
+        except Unreadable as exc:
+            results[check] = [Finding("fail", unreadable_line(outputs.host, exc))]
+        except Exception as exc:  # one judge's bug must not stop the others
+            results[check] = [
+                Finding(
+                    "fail",
+                    f"{outputs.host}: the {check} judge failed ({type(exc).__name__}: {exc})",
+                    fix="a dscluster bug: report it with 'dscluster doctor --record DIR' attached",
+                )
+            ]
+    return results
+
+
+def detail(finding: Finding) -> str:
+    return f"{finding.action}: {finding.detail}" if finding.action else finding.detail
+
+
+_ORDER = {"pass": 0, "skip": 1, "warn": 2, "fail": 3}  # report.STATUS_ORDER
+
+
+def add_cells(report: DoctorReport, host: str, results: dict[str, list[Finding]]) -> None:
+    """Findings into cells: the worst status wins and only its findings are listed."""
+    for check, findings in results.items():
+        cell = report.cell(check, host)
+        if not findings:
+            continue
+        worst = max((f.status for f in findings), key=_ORDER.__getitem__)
+        for finding in findings:
+            if finding.status == worst:
+                cell.add(finding.status, detail(finding), finding.fix)
