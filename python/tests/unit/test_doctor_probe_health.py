@@ -136,6 +136,7 @@ def test_the_kernel_log_keeps_only_the_lines_the_judges_read(probe, bindir):
     health = probe.health(0)
     log = health["files"]["kernel.log"]
     assert log.splitlines() == [
+        "# dscluster doctor: 2 of 5 lines of 'dmesg' kept, those the health judges read",
         "[   50.1] NVRM: Xid (PCI:0000:5d:00): 79, pid=1234, GPU has fallen off the bus.",
         "[   60.0] pcieport 0000:00:01.0: AER: Corrected error received",
     ]

@@ -76,8 +76,8 @@ HEALTH_CAP = 4 << 20  # bytes kept of one output; the rest is cut and the cut no
 # nvidia-smi cannot query among others): kept, with its rc in the index.
 REPORT_STARTS = {".xml": "<", ".json": "{"}
 # Kernel log lines the judges read (Xid, PCIe AER, the GPU/HPU/NIC drivers, machine checks):
-# only these leave the node, which bounds the size and keeps the rest of the log (users'
-# processes, mounts, USB, ...) private.
+# only these leave the node, below a first line saying how many of how many were kept; that
+# bounds the size and keeps the rest of the log (users' processes, mounts, USB...) private.
 KERNEL_LINES = re.compile(
     r"NVRM|Xid|nvidia|nvswitch|nvlink|habanalabs|\befa\b|mlx5|infiniband|\bib_|AER|"
     r"PCIe Bus Error|pcieport|fallen off the bus|Hardware Error|\bmce\b|EDAC",
@@ -153,7 +153,11 @@ def kernel_log() -> tuple[dict, str | None]:
             kept = [ln for ln in lines if KERNEL_LINES.search(ln)]
             entry = {"argv": argv, "rc": rc, "seconds": round(seconds, 3)}
             entry.update(lines=len(lines), kept=len(kept), filter=KERNEL_LINES.pattern)
-            return entry, "".join(ln + "\n" for ln in kept)
+            # a first line that says so: a log with nothing to report is not an empty file
+            # (which a judge reads as "the kernel log could not be read")
+            head = f"# dscluster doctor: {len(kept)} of {len(lines)} lines of '{' '.join(argv)}'"
+            head += " kept, those the health judges read\n"
+            return entry, head + "".join(ln + "\n" for ln in kept)
         tried.append(
             reason(argv[0], err, out, rc) if rc or out.strip() else f"{argv[0]}: no entries"
         )
