@@ -103,6 +103,7 @@ def test_health_checks_skip_gpus_and_replay_gives_the_live_verdicts(
             "status": "skip",
             "details": ["no accelerators expected (cpu node)"],
             "fixes": [],
+            "evidence": [],
         }
         for check in ("ecc", "pcie", "throttle", "nvlink", "topology", "dcgm", "hpu"):
             assert cells[check]["status"] == "skip" and cells[check]["details"], (check, cells)

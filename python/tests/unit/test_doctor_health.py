@@ -132,6 +132,8 @@ def test_findings_become_cells_worst_wins_action_leads_fixes_collected(judges):
     cell = report.cell("xid", "n2")
     assert cell.details == ["isolate: GPU 3 (0000:5d:00.0) fell off the bus (Xid 79)"]
     assert cell.fixes == ["reseat or replace GPU 3; reboot to bring it back"]
+    assert cell.evidence == [XID79.strip()]
+    assert report.to_json()["checks"]["xid"]["n2"]["evidence"] == [XID79.strip()]
     assert report.cell("ecc", "n1").status == "warn"
     assert report.cell("ecc", "n1").details == ["reset: GPU 1: 3 pending row remaps"]
     lines = doctor.problem_lines(report)

@@ -57,14 +57,18 @@ class Cell:
     status: str = "pass"
     details: list[str] = dataclasses.field(default_factory=list)
     fixes: list[str] = dataclasses.field(default_factory=list)
+    # the recorded lines a health finding came from (--json only; the table stays short)
+    evidence: list[str] = dataclasses.field(default_factory=list)
 
-    def add(self, status: str, detail: str, fix: str = "") -> None:
+    def add(self, status: str, detail: str, fix: str = "", evidence: str = "") -> None:
         if STATUS_ORDER[status] > STATUS_ORDER[self.status]:
             self.status = status
         if detail and detail not in self.details:
             self.details.append(detail)
         if fix and fix not in self.fixes:
             self.fixes.append(fix)
+        if evidence and evidence not in self.evidence:
+            self.evidence.append(evidence)
 
 
 @dataclasses.dataclass

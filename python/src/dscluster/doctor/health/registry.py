@@ -26,7 +26,7 @@ Judge = Callable[[NodeOutputs, Expect], list[Finding]]
 @dataclasses.dataclass(frozen=True)
 class Check:
     description: str  # one line, for report.CHECKS
-    tool: str  # the recorded output it reads, for the README table and skips
+    tool: str  # the tool(s) whose recorded output it reads (README's health table)
     judge: str  # "module.function" under dscluster.doctor.health, or a function here
 
 
@@ -47,7 +47,7 @@ CHECKS: dict[str, Check] = {
         "gpu_count",
     ),
     "xid": Check(
-        "no NVIDIA Xid errors in the kernel log since boot", "kernel log", "xid.judge_xid"
+        "no NVIDIA Xid/SXid errors in the kernel log since boot", "kernel log", "xid.judge_xid"
     ),
     "ecc": Check(
         "no uncorrectable ECC errors, no pending or failed row remaps",
@@ -146,4 +146,4 @@ def add_cells(report: DoctorReport, host: str, results: dict[str, list[Finding]]
         worst = max((f.status for f in findings), key=_ORDER.__getitem__)
         for finding in findings:
             if finding.status == worst:
-                cell.add(finding.status, detail(finding), finding.fix)
+                cell.add(finding.status, detail(finding), finding.fix, finding.evidence)
