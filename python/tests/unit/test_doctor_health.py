@@ -20,6 +20,7 @@ from dscluster.errors import DsclusterError
 
 from .test_doctor import HOSTS, healthy, judge, node, set_node
 
+LSPCI = "00:00.0 Host bridge: Intel Corporation 440FX - 82441FX PMC [Natoma] (rev 02)\n"
 XID79 = "[ 50.1] NVRM: Xid (PCI:0000:5d:00): 79, pid=1234, GPU has fallen off the bus.\n"
 
 
@@ -113,9 +114,7 @@ def test_a_family_this_build_lacks_skips_saying_so(monkeypatch):
 def test_a_cpu_cluster_passes_with_the_health_checks_skipped_not_failed():
     f = healthy()
     for host in HOSTS:
-        with_health(
-            f, host, {"kernel.log": "", "lspci-vvv.txt": "00:00.0 Host bridge\n"}, cpu_health()
-        )
+        with_health(f, host, {"kernel.log": "", "lspci-vvv.txt": LSPCI}, cpu_health())
     report = judge(f)
     assert report.ok, doctor.problem_lines(report)
     assert report.cell("gpu_count", "n1").status == "skip"
@@ -194,8 +193,8 @@ def test_expect_comes_from_the_recorded_facts_then_the_node(facts, live, slots, 
 
 def recorded_cluster() -> dict:
     f = healthy()
-    with_health(f, "n1", {"kernel.log": "", "lspci-vvv.txt": "00:00.0 Host bridge\n"}, cpu_health())
-    with_health(f, "n2", {"kernel.log": XID79, "lspci-vvv.txt": "x\n"}, cpu_health())
+    with_health(f, "n1", {"kernel.log": "", "lspci-vvv.txt": LSPCI}, cpu_health())
+    with_health(f, "n2", {"kernel.log": XID79, "lspci-vvv.txt": LSPCI}, cpu_health())
     with_health(f, "n3", {"kernel.log": ""}, cpu_health())
     return f
 
