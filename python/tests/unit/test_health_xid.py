@@ -31,6 +31,13 @@ def test_a_log_without_xid_passes_and_says_how_much_was_read():
     assert "no Xid or SXid" in finding.detail and "9 lines" in finding.detail
 
 
+def test_the_probe_header_gives_the_count_of_lines_read_not_kept():
+    # What doctor_probe.py records when the log held nothing a judge reads.
+    head = "# dscluster doctor: 0 of 1234 lines of 'dmesg' kept, those the health judges read\n"
+    (finding,) = judge(head)
+    assert finding.status == "pass" and "1234 lines since boot" in finding.detail
+
+
 def test_application_xids_warn_without_blaming_the_node():
     findings = judge(recorded("dmesg-ctime_xid13_xid109_gpud46.txt"))
     assert [(f.status, f.action) for f in findings] == [("warn", "monitor")] * 2

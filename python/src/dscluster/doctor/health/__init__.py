@@ -24,7 +24,7 @@ FILES: dict[str, str] = {
     "nvidia-smi-nvlink-s.txt": "nvidia-smi nvlink -s",
     "nvidia-smi-nvlink-e.txt": "nvidia-smi nvlink -e",
     "lspci-vvv.txt": "lspci -vvv",
-    "kernel.log": "the kernel log since boot (dmesg)",
+    "kernel.log": "the kernel log since boot (dmesg), the lines a judge reads",
     "fi_info-efa.txt": "fi_info -p efa",
     "ibv_devinfo.txt": "ibv_devinfo",
     "dcgmi-diag.json": "dcgmi diag -r N -j",

@@ -91,6 +91,9 @@ class Event:
     after: set[int] = dataclasses.field(default_factory=set)  # "caused by previous Xid N"
 
 
+_PROBE_HEAD = re.compile(r"# dscluster doctor: \d+ of (\d+) lines of ")
+
+
 def parse(text: str) -> list[Event]:
     """Every Xid and SXid in a kernel log, grouped by device and number, in order of first
     appearance. Raises Unreadable for binary data or a truncated Xid line."""
@@ -138,7 +141,9 @@ def judge_xid(outputs: NodeOutputs, expect: Expect) -> list[Finding]:
     if not events and _DENIED.search(text) and len(text.splitlines()) <= 3:
         return [Finding("skip", f"the kernel log could not be read: {text.strip()[:_EVIDENCE]}")]
     if not events:
-        lines = len(text.splitlines())
+        # The probe keeps only the lines a judge reads and says how many it read on its first line.
+        head = _PROBE_HEAD.match(text)
+        lines = int(head.group(1)) if head else len(text.splitlines())
         return [Finding("pass", f"no Xid or SXid in the kernel log ({lines} lines since boot)")]
     findings = [_finding(event) for event in events]
     return sorted(findings, key=lambda f: (RANK.get(f.action, len(RANK)), f.detail))
