@@ -447,3 +447,32 @@ def test_a_first_node_whose_last_line_ends_a_traceback_keeps_the_traceback():
     failure = script_failure(lines, HOSTS[:2])
     assert failure is not None and failure.error_from == "of rank 1 (n2)"
     assert failure.error_lines[-1] == ERR
+
+
+@pytest.mark.parametrize(
+    ("launcher", "error_from"),
+    [("deepspeed", "on sig-n2"), ("torchrun", "on sig-n2"), ("mpi", "of rank 1 (sig-n2)")],
+)
+def test_a_rank_s_exit_message_is_its_error_under_every_launcher(launcher, error_from):
+    """Real logs: sys.exit("...") on sig-n2, no traceback. torchrun's agent prints its own
+    traceback and summary after the message; mpirun's ranks' lines name no node (the rank's
+    wrapper says it exited, after the message)."""
+    log = pathlib.Path(__file__).parent / "fixtures" / "launch" / f"{launcher}_exit_message.log"
+    failure = script_failure(log.read_text().splitlines(), ["sig-n1", "sig-n2", "sig-n3"])
+    assert failure is not None
+    assert (failure.ranks, failure.hosts) == ([1], ["sig-n2"])
+    assert failure.error_from == error_from
+    assert failure.error_lines == ["no data on sig-n2"]
+
+
+def test_an_mpi_rank_s_traceback_is_not_taken_for_its_exit_message():
+    raised = [
+        "Traceback (most recent call last):",
+        '  File "/shared/dscluster/jobs/launch-1/train.py", line 1, in <module>',
+        "    import sentencepiece",
+        "ModuleNotFoundError: No module named 'sentencepiece'",
+        "dscluster: rank 2 exited with code 1",
+    ]
+    failure = script_failure([*raised, *MPI_VERDICT], HOSTS)
+    assert failure is not None and failure.error_from == "in the log"
+    assert failure.error_lines[-1] == "ModuleNotFoundError: No module named 'sentencepiece'"

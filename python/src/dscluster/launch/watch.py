@@ -41,9 +41,12 @@ WATCH_ENDED = "dscluster: ending the launcher "
 # later in the log than the others' kills).
 WATCH_FAILED_RE = re.compile(r"^dscluster: a rank failed on (?P<host>\S+) ")
 # A launcher's own log line (DeepSpeed's "[2026-12-03 16:51:19,953] [INFO] [launch.py:253:..."),
-# pdsh's, and a warning's source line: none is a script's last word.
+# torch's glog-style lines (torchrun's agent: "E1123 20:01:05.123000 77 torch/distributed/...]
+# failed (exitcode: 1) ..."; c10's "[W1203 16:51:10.238746470 ProcessGroup.cpp:335] Warning:
+# ..."), pdsh's, and a warning's source line: none is a script's last word.
 NOT_A_MESSAGE_RE = re.compile(
-    r"^(?:\[\d{4}-\d\d-\d\d [\d:,.]+\] \[[A-Z]+\]|pdsh@|\S+: \S*Warning: |\s|$)"
+    r"^(?:\[\d{4}-\d\d-\d\d [\d:,.]+\] \[[A-Z]+\]|\[?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ "
+    r"|pdsh@|dscluster: |\S+: \S*Warning: |\s|$)"
 )
 # Frames of a launcher's own traceback (torchrun's agent, DeepSpeed's runner), not the script's.
 LAUNCHER_FRAME_RE = re.compile(
@@ -201,10 +204,22 @@ def last_error(lines: Sequence[str]) -> list[str]:
     return []
 
 
+def _before_launcher_traceback(lines: Sequence[str]) -> Sequence[str]:
+    """`lines` up to the first traceback of a launcher's own (torchrun's agent reporting its
+    ChildFailedError, with the summary after it): what the ranks printed comes before."""
+    for start, text in enumerate(lines):
+        if text.strip() == TRACEBACK:
+            block = _traceback_at(lines, start)
+            if any(LAUNCHER_FRAME_RE.search(t) for t in block):
+                return lines[:start]
+    return lines
+
+
 def last_message(lines: Sequence[str]) -> str:
-    """The last line a program printed by itself (no launcher log line, warning, indent or
-    blank), as sys.exit("...") leaves it; "" where there is none or a traceback ends it."""
-    for text in reversed(lines):
+    """The last line a program printed by itself (no launcher log line or traceback, warning,
+    indent or blank), as sys.exit("...") leaves it; "" where there is none or a traceback
+    ends it."""
+    for text in reversed(_before_launcher_traceback(lines)):
         if not NOT_A_MESSAGE_RE.match(text):
             return "" if text.startswith(TRACEBACK) else text.rstrip()
     return ""
@@ -266,6 +281,25 @@ def _traceback_of(
     return None
 
 
+def _said_before_exit(log_lines: Sequence[str], rank: int) -> str:
+    """mpirun without --tag-output names no rank in the ranks' lines: the last line before
+    the rank's wrapper said it exited non-zero (launch_watch.py rank, after the rank's own
+    stderr) where that line is no traceback's; "" otherwise."""
+    said = next(
+        (
+            i
+            for i, t in enumerate(log_lines)
+            if (m := RANK_EXITED_RE.match(t)) and int(m["rank"]) == rank
+        ),
+        None,
+    )
+    if said is None:
+        return ""
+    message = last_message(log_lines[:said])
+    error = last_error(log_lines[:said])
+    return "" if error and error[-1].strip() == message.strip() else message
+
+
 def _error_of(
     log_lines: Sequence[str], rank_hosts: Sequence[str], ranks: Sequence[int]
 ) -> tuple[str, list[str]]:
@@ -282,6 +316,8 @@ def _error_of(
             # The first node to fail ended without a traceback (sys.exit("...") or a shell
             # script's error): its last line says why, not the others' broken collectives.
             return f"on {first}", [message]
+        if first not in by_host and (message := _said_before_exit(log_lines, ranks[0])):
+            return f"of rank {ranks[0]} ({first})", [message]
     if found := _traceback_of(ranks, rank_hosts, by_rank, by_host):
         return found
     lines = last_error(untagged)
