@@ -103,6 +103,37 @@ def test_launch_exits_with_the_jobs_status_naming_the_node(cluster: pathlib.Path
     # A script's own error is not a lost node: every node stayed reachable.
     assert f"job exited 3, job failed on rank 2 ({HOSTS[2]}), every node reachable" in line
     assert "lost node" not in line
+    # sys.exit("...") leaves no traceback: its message is the error, with its node; a
+    # missing module elsewhere gets its known fix.
+    script = tmp_path / "fails.py"
+    script.write_text(FAILS)
+    proc = dsc(
+        "launch", "-i", str(cluster), "--timeout", "120", "--no-doctor", "--master-port", PORT,
+        "--", str(script), HOSTS[1], HOSTS[2], timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert f"; first error on {HOSTS[1]}: no data on {HOSTS[1]}; " in line, line
+    assert (
+        f"known error on {HOSTS[2]}: ModuleNotFoundError: No module named 'dscluster_e2e_gone'\n"
+        "    fix: add dscluster_e2e_gone (its name on PyPI) to ml_stack_extra_requirements "
+        "and run 'dscluster provision'\n"
+    ) in proc.stderr, proc.stderr[-3000:]
+
+
+# One node exits with a message and no traceback; another, a little later (its failure is not
+# the first), lacks a module.
+FAILS = textwrap.dedent(
+    """\
+    import socket, sys, time
+    host = socket.gethostname()
+    if host == sys.argv[-2]:
+        sys.exit(f"no data on {host}")
+    time.sleep(3)
+    if host == sys.argv[-1]:
+        import dscluster_e2e_gone
+    """
+)
 
 
 HANG_AT_EXIT = textwrap.dedent(

@@ -375,7 +375,8 @@ def test_cli_keeps_the_lost_node_wording(tmp_path, inventory_dir, monkeypatch, c
     assert rc == 1
     assert "first error" not in err
     last = capsys.readouterr().err
-    assert ": job exited 1, lost node(s) node-c (node-c: ssh exited with code 255); log " in last
+    assert ": job exited 1, lost node(s) node-c (node-c: ssh exited with code 255); " in last
+    assert "; fix (ssh_failed on node-c): ssh from the head to a node failed: " in last
 
 
 @pytest.mark.parametrize(

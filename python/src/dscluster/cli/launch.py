@@ -10,6 +10,7 @@ from rich.console import Console
 from .. import validate
 from ..errors import DsclusterError
 from ..launch import LAUNCHERS
+from ..launch.signatures import Match
 from ..launch.watch import ScriptFailure, time_limit_note
 from . import flags
 
@@ -125,6 +126,20 @@ def _failure(failure: ScriptFailure, err: Console) -> str:
     return f"{text}; first error {failure.error_from}: {failure.error_lines[-1].strip()}"
 
 
+def _signatures(matches: list[Match], err: Console) -> str:
+    """Each known failure signature with its fix to stderr; the first one's fix for the one
+    line."""
+    for m in matches:
+        err.print(
+            f"known error on {m.where}: {m.line[:300]}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        err.print(f"    fix: {m.help}", markup=False, highlight=False, soft_wrap=True)
+    return f"; fix ({matches[0].name} on {matches[0].where}): {matches[0].help}" if matches else ""
+
+
 def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
     from ..doctor import preflight  # noqa: PLC0415
     from ..inventory import load, master_port  # noqa: PLC0415
@@ -191,6 +206,7 @@ def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
     elif result.playbook.failures and not result.log_lines:
         host, task, msg = result.playbook.failures[0]
         why += f": {task} on {host}: {msg[:200]}"
+    why += _signatures(result.signatures, err)
     line = f"launch {plan.run_id}: job {why}; log {result.log_path}"
     print(f"dscluster: error: {line}", file=sys.stderr)
     return result.rc

@@ -6,9 +6,11 @@ gaudi_spawn.py.
 request.py: LaunchRequest (what a caller asks for) and JobSite (where the job runs);
 select.py: resource selection; launchers/: one module per launcher (its argv, hostfiles and
 the scripts staged with the job) behind launchers.TABLE; render.py: build_plan, the head's
-launch.sh and the Plan; watch.py: which node a failed launch lost; run.py: `run_job`, the one
-place that does I/O: it stages the job through playbooks/launch.yml, which runs `launch.sh` on
-the head in the job directory with a bounded `timeout`. All pure but run.py.
+launch.sh and the Plan; watch.py: which node a failed launch lost; signatures.py: the known
+failure signatures a failed job's log is matched against, each with its fix; run.py:
+`run_job`, the one place that does I/O: it stages the job through playbooks/launch.yml, which
+runs `launch.sh` on the head in the job directory with a bounded `timeout`. All pure but
+run.py.
 
 `--include/--exclude/--num-nodes/--num-gpus` follow DeepSpeed's launcher
 (deepspeed/launcher/runner.py: parse_node_config, parse_resource_filter,

@@ -23,6 +23,7 @@ from ..util import atomic_write, print_warnings, write_files
 from .launchers.mpi import render_mpi_hostfile
 from .render import Plan, build_plan
 from .request import JobSite, LaunchRequest
+from .signatures import Match, match_signatures
 from .watch import ScriptFailure, lost_nodes, script_failure
 from .workdir import JOB_FILE_NAMES, JOB_TAR, Project, check_names, project_for, write_job_tar
 
@@ -65,6 +66,8 @@ class JobResult:
     project: str = ""  # "N files from DIR" when the job shipped a project (--workdir)
     # ranks exited non-zero with every node reachable (then lost_nodes is empty)
     failure: ScriptFailure | None = None
+    # known failure signatures in the log of a failed job (signatures.SIGNATURES)
+    signatures: list[Match] = dataclasses.field(default_factory=list)
 
 
 def run_job(
@@ -131,6 +134,7 @@ def run_job(
             fetched=texts,
             lost_nodes=lost_nodes(lines, plan.rank_hosts) if rc and failure is None else {},
             failure=failure,
+            signatures=match_signatures(lines, plan.rank_hosts) if rc else [],
             playbook=result,
             project=project.describe() if project is not None else "",
         )

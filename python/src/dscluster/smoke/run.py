@@ -4,6 +4,7 @@ report, write the JSON and PNG reports.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 from collections.abc import Callable, Mapping, Sequence
@@ -127,6 +128,10 @@ def run_smoke(  # noqa: C901, PLR0912, PLR0913, PLR0915 - the smoke command's op
     if result.log_lines:
         report["launcher_log_tail"] = result.log_lines[-40:]
         report["lost_nodes"] = lost_nodes(result.log_lines, plan.rank_hosts)
+    if result.failure is not None:
+        report["failure"] = dataclasses.asdict(result.failure)
+    if result.signatures:
+        report["signatures"] = [m.as_dict() for m in result.signatures]
     reports = inv.directory / "reports"
     out = reports / f"{run_id}.json"
     if report.get("ranks") or (report.get("p2p") or {}).get("hosts"):
@@ -190,12 +195,30 @@ def _failure_line(
         bad = [r for r in ranks if not r.get("loss_decreased")]
         where = f" (ranks {_rank_list(bad)})" if bad else ""
         return f"smoke job ran but failed {', '.join(failed)}{where}; report: {out}"
+    fix = _fix(report.get("signatures") or [])
+    failure = report.get("failure")  # ranks failed, every node reachable
+    if failure and failure.get("error_lines"):
+        ranks = ",".join(map(str, failure["ranks"]))
+        error = failure["error_lines"][-1].strip()
+        return (
+            f"smoke job failed on rank{'s' if len(failure['ranks']) > 1 else ''} {ranks} "
+            f"({', '.join(failure['hosts'])}); first error {failure['error_from']}: "
+            f"{error}{fix}; report: {out}"
+        )
     lost = report.get("lost_nodes") or {}
     if lost:
         who = "; ".join(f"{host}: {why}" for host, why in lost.items())
-        return f"smoke job failed, lost node(s) {', '.join(lost)} ({who}); report: {out}"
+        return f"smoke job failed, lost node(s) {', '.join(lost)} ({who}){fix}; report: {out}"
     tail = " ".join(report.get("launcher_log_tail", [])[-3:])[-300:]
     if failures:
         host, task, msg = failures[0]
-        return f"smoke job failed: {task} on {host}: {msg[:200]} {tail}; report: {out}"
-    return f"smoke job failed: {tail or 'no report written'}; report: {out}"
+        return f"smoke job failed: {task} on {host}: {msg[:200]} {tail}{fix}; report: {out}"
+    return f"smoke job failed: {tail or 'no report written'}{fix}; report: {out}"
+
+
+def _fix(signatures: Sequence[Mapping[str, Any]]) -> str:
+    """The first known failure signature's fix, for the failure line."""
+    if not signatures:
+        return ""
+    first = signatures[0]
+    return f"; fix ({first['name']} on {first['where']}): {first['help']}"
