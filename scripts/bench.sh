@@ -28,7 +28,7 @@ mkdir -p "$OUT"
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 declare -A R
-# BENCH_ONLY="reconverge new_cluster bake": only those steps (nodelist demo reconverge
+# BENCH_ONLY="reconverge new_cluster bake": only those steps (nodelist demo reconverge doctor
 # new_cluster bake scale user_layer install first_step); empty or unset: all of them.
 step() { [ -z "${BENCH_ONLY:-}" ] || [[ " $BENCH_ONLY " == *" $1 "* ]]; }
 # This hour's speed of the cores (a fixed pure-Python workload's CPU ms, best of 5), at the
@@ -86,6 +86,14 @@ R[reconverge_changed]=$(changes "$OUT/$stamp-reconverge.log")
 DSCLUSTER_MITOGEN=1 timed reconverge_mitogen_s "$OUT/$stamp-reconverge-mitogen.log" \
   $DSC provision -i inventories/local
 R[reconverge_mitogen_changed]=$(changes "$OUT/$stamp-reconverge-mitogen.log")
+fi
+
+# doctor on the converged 3-node cluster: with the node health checks (they skip on CPU
+# containers, so this is the probe's own cost); best of two, the first warms the SSH control paths.
+if step doctor; then
+echo "== doctor on the local cluster, twice"
+timed doctor_first_s "$OUT/$stamp-doctor-1.log" $DSC doctor -i inventories/local
+timed doctor_s "$OUT/$stamp-doctor-2.log" $DSC doctor -i inventories/local
 fi
 
 if step new_cluster; then
