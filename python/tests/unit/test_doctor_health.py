@@ -15,7 +15,16 @@ import pytest
 from dscluster import doctor
 from dscluster.cli import main
 from dscluster.doctor import record
-from dscluster.doctor.health import FILES, Expect, Finding, NodeOutputs, Unreadable, registry
+from dscluster.doctor.health import (
+    FILES,
+    Expect,
+    Finding,
+    NodeOutputs,
+    Unreadable,
+    hpu,
+    nvidia,
+    registry,
+)
 from dscluster.errors import DsclusterError
 
 from .test_doctor import HOSTS, healthy, judge, node, set_node
@@ -42,7 +51,7 @@ def cpu_health() -> dict:
 
 @pytest.fixture
 def judges(monkeypatch):
-    """Small real judges in place of the families' (registry.LOCAL is looked up first)."""
+    """Small judges in place of the families' (registry.JUDGES), one of them broken."""
 
     def xid(outputs: NodeOutputs, expect: Expect) -> list[Finding]:
         text = outputs.text("kernel.log")
@@ -69,9 +78,9 @@ def judges(monkeypatch):
     def broken(outputs: NodeOutputs, expect: Expect) -> list[Finding]:
         raise KeyError("oops")
 
-    monkeypatch.setitem(registry.LOCAL, "xid.judge_xid", xid)
-    monkeypatch.setitem(registry.LOCAL, "nvidia.judge_ecc", ecc)
-    monkeypatch.setitem(registry.LOCAL, "topology.judge_topology", broken)
+    monkeypatch.setitem(registry.JUDGES, "xid", xid)
+    monkeypatch.setitem(registry.JUDGES, "ecc", ecc)
+    monkeypatch.setitem(registry.JUDGES, "topology", broken)
     return xid
 
 
@@ -93,22 +102,15 @@ def test_gpu_count_skips_on_a_cpu_node_and_picks_the_family_judge(monkeypatch):
         Finding("skip", "no accelerators expected (cpu node)")
     ]
     seen = []
-    monkeypatch.setitem(
-        registry.LOCAL, "nvidia.judge_gpu_count", lambda o, e: seen.append("nv") or []
-    )
-    monkeypatch.setitem(
-        registry.LOCAL, "hpu.judge_hpu_count", lambda o, e: seen.append("hpu") or []
-    )
+    monkeypatch.setattr(nvidia, "judge_gpu_count", lambda o, e: seen.append("nv") or [])
+    monkeypatch.setattr(hpu, "judge_hpu_count", lambda o, e: seen.append("hpu") or [])
     registry.judge_node(outputs, Expect(accelerator="nvidia", devices=8))
     registry.judge_node(outputs, Expect(accelerator="gaudi", devices=8))
     assert seen == ["nv", "hpu"]
 
 
-def test_a_family_this_build_lacks_skips_saying_so(monkeypatch):
-    monkeypatch.setitem(registry.CHECKS, "fabric", registry.Check("x", "y", "nosuchfamily.judge"))
-    (finding,) = registry.judge_node(NodeOutputs("n1", {}), Expect())["fabric"]
-    assert finding.status == "skip"
-    assert "dscluster.doctor.health.nosuchfamily is missing" in finding.detail
+def test_every_check_has_its_judge():
+    assert set(registry.JUDGES) == set(registry.CHECKS)
 
 
 def test_a_cpu_cluster_passes_with_the_health_checks_skipped_not_failed():

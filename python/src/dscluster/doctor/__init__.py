@@ -13,7 +13,7 @@ failed pairs are the source's, naming the target. A node the controller cannot r
 report.py: the table, problem lines and summary; findings.py: reading one node's findings;
 network.py: checks between nodes (ssh, pdsh, memlock, resolve, ports, clock); node.py: checks
 on each node (shm, disk, shared, libaio, ifname, versions, slots); health/: the node health
-checks on the vendor tools' recorded outputs (registry.py: check -> tool -> judge);
+checks on the vendor tools' recorded outputs (health/registry.py: CHECKS and JUDGES);
 record.py: those outputs from a live run, `--record DIR` and `--replay DIR`; evaluate.py: all
 of them over every node; run.py: gathering the findings with playbooks/doctor.yml, preflight.
 """

@@ -1,21 +1,32 @@
 """The health checks: each check's tool, its one-line description and its judge, as a table.
 
 A judge lives in the module of its tool's family (nvidia.py, hpu.py, xid.py, nvlink.py,
-topology.py, fabric.py, dcgm.py) and is found by name when a check runs: a build without
-that module gives the check one skip naming it, never an import error for the whole doctor.
-`judge_node` runs every check on one node's recorded outputs; `add_cells` turns the findings
-into the report's cells: the worst status wins and only its findings are shown, each detail
-led by its action ("isolate: GPU 3 (0000:5d:00.0) fell off the bus (Xid 79)").
+topology.py, fabric.py, dcgm.py); JUDGES maps each check to it. `judge_node` runs every
+check on one node's recorded outputs; `add_cells` turns the findings into the report's
+cells: the worst status wins and only its findings are shown, each detail led by its
+action ("isolate: GPU 3 (0000:5d:00.0) fell off the bus (Xid 79)").
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from . import FILES, Expect, Finding, NodeOutputs, Unreadable
+from . import (
+    FILES,
+    Expect,
+    Finding,
+    NodeOutputs,
+    Unreadable,
+    dcgm,
+    fabric,
+    hpu,
+    nvidia,
+    nvlink,
+    topology,
+    xid,
+)
 
 if TYPE_CHECKING:
     from ..report import DoctorReport
@@ -27,80 +38,69 @@ Judge = Callable[[NodeOutputs, Expect], list[Finding]]
 class Check:
     description: str  # one line, for report.CHECKS
     tool: str  # the tool(s) whose recorded output it reads (README's health table)
-    judge: str  # "module.function" under dscluster.doctor.health, or a function here
 
 
 def _gpu_count(outputs: NodeOutputs, expect: Expect) -> list[Finding]:
     if expect.accelerator == "nvidia":
-        return _resolve("nvidia.judge_gpu_count")(outputs, expect)
+        return nvidia.judge_gpu_count(outputs, expect)
     if expect.accelerator == "gaudi":
-        return _resolve("hpu.judge_hpu_count")(outputs, expect)
+        return hpu.judge_hpu_count(outputs, expect)
     return [Finding("skip", "no accelerators expected (cpu node)")]
 
-
-LOCAL: dict[str, Judge] = {"gpu_count": _gpu_count}
 
 CHECKS: dict[str, Check] = {
     "gpu_count": Check(
         "every GPU/HPU the node should have is present (nvidia-smi -q / hl-smi -q)",
         "nvidia-smi -q -x, hl-smi -q",
-        "gpu_count",
     ),
     "xid": Check(
-        "no NVIDIA Xid/SXid errors in the kernel log since boot", "kernel log", "xid.judge_xid"
+        "no NVIDIA Xid/SXid errors in the kernel log since boot",
+        "kernel log",
     ),
     "ecc": Check(
         "no uncorrectable ECC errors, no pending or failed row remaps",
         "nvidia-smi -q -x",
-        "nvidia.judge_ecc",
     ),
     "pcie": Check(
-        "GPU PCIe links at their full width and generation", "nvidia-smi -q -x", "nvidia.judge_pcie"
+        "GPU PCIe links at their full width and generation",
+        "nvidia-smi -q -x",
     ),
     "throttle": Check(
         "no thermal/power slowdown or hardware throttling",
         "nvidia-smi -q -x",
-        "nvidia.judge_throttle",
     ),
     "nvlink": Check(
         "every NVLink up, no error counters rising",
         "nvidia-smi nvlink -s / -e",
-        "nvlink.judge_nvlink",
     ),
     "topology": Check(
-        "GPU-to-GPU and GPU-to-NIC paths as the node type should have them",
-        "nvidia-smi topo -m",
-        "topology.judge_topology",
+        "GPUs near a NIC of their own NUMA node; no PCIe ACS redirect above GPUs/NICs",
+        "nvidia-smi topo -m, lspci -vvv",
     ),
     "fabric": Check(
         "EFA/InfiniBand devices present and their ports active",
         "fi_info -p efa, ibv_devinfo",
-        "fabric.judge_fabric",
     ),
     "dcgm": Check(
-        "DCGM diagnostic passes (doctor --gpu-diag-budget)", "dcgmi diag -j", "dcgm.judge_dcgm"
+        "DCGM diagnostic passes (doctor --gpu-diag-budget)",
+        "dcgmi diag -j",
     ),
-    "hpu": Check("Gaudi HPUs healthy (hl-smi -q)", "hl-smi -q", "hpu.judge_hpu"),
+    "hpu": Check("Gaudi HPUs healthy (hl-smi -q)", "hl-smi -q"),
 }
 
 
-def _resolve(name: str) -> Judge:
-    """A judge by "module.function" in this package; a module this build lacks gives a
-    judge that skips saying so."""
-    if name in LOCAL:
-        return LOCAL[name]
-    module, _, function = name.rpartition(".")
-    full = f"{__package__}.{module}"
-    try:
-        found = importlib.import_module(full)
-    except ModuleNotFoundError as exc:
-        if exc.name != full:
-            raise
-        return lambda outputs, expect: [
-            Finding("skip", f"no judge in this dscluster build ({full} is missing)")
-        ]
-    judge: Judge = getattr(found, function)
-    return judge
+JUDGES: dict[str, Judge] = {
+    "gpu_count": _gpu_count,
+    "xid": xid.judge_xid,
+    "ecc": nvidia.judge_ecc,
+    "pcie": nvidia.judge_pcie,
+    "throttle": nvidia.judge_throttle,
+    "nvlink": nvlink.judge_nvlink,
+    "topology": topology.judge_topology,
+    "fabric": fabric.judge_fabric,
+    "dcgm": dcgm.judge_dcgm,
+    "hpu": hpu.judge_hpu,
+}
 
 
 def unreadable_line(host: str, exc: Unreadable) -> str:
@@ -114,9 +114,9 @@ def judge_node(outputs: NodeOutputs, expect: Expect) -> dict[str, list[Finding]]
     """Every health check on one node. A file a judge cannot parse fails that check in one
     line naming the node and the file; a judge's own error (a bug) does too, not the run."""
     results: dict[str, list[Finding]] = {}
-    for check, spec in CHECKS.items():
+    for check in CHECKS:
         try:
-            results[check] = list(_resolve(spec.judge)(outputs, expect))
+            results[check] = list(JUDGES[check](outputs, expect))
         except Unreadable as exc:
             results[check] = [Finding("fail", unreadable_line(outputs.host, exc))]
         except Exception as exc:  # one judge's bug must not stop the others
