@@ -185,6 +185,28 @@ def test_discovery_1000_instances_paginated(ec2, tmp_path):
     assert sum(slots) == 350 * (8 + 4 + 1) == result.total_slots
 
 
+def test_the_efa_interfaces_attached_are_the_devices_doctor_expects(ec2):
+    """A recorded DescribeInstances entry (moto's) with its interfaces set to the types EC2
+    documents for EFA (efa: EFA with ENA; efa-only), as `aws up --efa` and multi-card
+    launches attach them."""
+    inst = launch(ec2, "p4d.24xlarge")[0]
+    (nic,) = ec2.describe_instances(InstanceIds=[inst["InstanceId"]])["Reservations"][0][
+        "Instances"
+    ][0]["NetworkInterfaces"]
+    info = discover.TypeInfo("p4d.24xlarge", "cuda", 8, True, 4, "describe_instance_types")
+
+    def expected(*types: str) -> int:
+        nics = [dict(nic, InterfaceType=t) for t in types]
+        node = discover.Node(
+            "n", dict(inst, NetworkInterfaces=nics), info, "ubuntu", "ubuntu", None, "10.0.0.5", 8
+        )
+        return discover._host_vars(node)["dscluster_expected_efa"]
+
+    assert expected(nic["InterfaceType"]) == expected("interface") == 0  # moto's, as recorded
+    assert expected("efa") == 1
+    assert expected("efa", "efa-only", "efa-only", "efa-only") == 4
+
+
 def test_mixed_types_hosts_yml_and_hostfile(ec2, tmp_path):
     ubuntu, amzn = image(ec2, "ubuntu*"), image(ec2, "amzn*")
     head = launch(ec2, "p4d.24xlarge", ami=ubuntu, tags={"dscluster:role": "head"})[0]

@@ -392,6 +392,14 @@ def test_run_doctor_passes_the_budget_and_records(monkeypatch, inventory_dir, tm
         )
 
     monkeypatch.setattr(runner, "run_playbook", play)
+    # as the AWS source writes them: the instance type and the EFA interfaces attached
+    hosts_yml = inventory_dir / "hosts.yml"
+    hosts_yml.write_text(
+        hosts_yml.read_text().replace(
+            "node-a: {}",
+            "node-a: {dscluster_instance_type: p4d.24xlarge, dscluster_expected_efa: 1}",
+        )
+    )
     out = tmp_path / "rec"
     doctor.run_doctor(
         inventory.load(inventory_dir),
@@ -406,6 +414,8 @@ def test_run_doctor_passes_the_budget_and_records(monkeypatch, inventory_dir, tm
     expect = {h: json.loads((out / h / "expect.json").read_text()) for h in hosts}
     assert (expect["node-a"]["accelerator"], expect["node-a"]["devices"]) == ("nvidia", 4)
     assert (expect["node-c"]["accelerator"], expect["node-c"]["devices"]) == ("cpu", None)
+    assert (expect["node-a"]["efa"], expect["node-a"]["instance_type"]) == (1, "p4d.24xlarge")
+    assert expect["node-b"]["efa"] is None
 
 
 def test_a_narrow_terminal_lists_each_node_on_one_line_with_the_gpu_skips_counted():

@@ -111,15 +111,29 @@ def test_both_files_together():
 
 def test_no_fabric_tools_skips_with_both_reasons():
     outputs = NodeOutputs("n1", {}, {fabric.FI_INFO: "fi_info: not found"})
-    (finding,) = fabric.judge_fabric(outputs, Expect(efa=4))
+    (finding,) = fabric.judge_fabric(outputs, Expect())
     assert finding.status == "skip"
     assert finding.detail.startswith("no fabric tools' output: fi_info: not found; ")
     assert "ibv_devinfo.txt was not recorded" in finding.detail
 
 
-def test_missing_fi_info_on_an_efa_node_is_a_skip_beside_the_ports():
-    findings = judge(ibv=recorded(IB / "ibv_devinfo_ib_1x_deepep55.txt"), efa=4)
-    assert [f.status for f in findings] == ["skip", "pass"]
+@pytest.mark.parametrize(
+    "why",
+    # no libfabric; no EFA device (the probe's reason for fixtures/efa/fi_info_no_device.stderr)
+    ["fi_info: not found", "fi_info: fi_getinfo: -61"],
+)
+def test_an_instance_with_efa_attached_and_none_listed_is_taken_out(why):
+    ibv = recorded(IB / "ibv_devinfo_ib_1x_deepep55.txt")
+    outputs = NodeOutputs("n1", {fabric.IBV: ibv}, {fabric.FI_INFO: why})
+    (finding,) = fabric.judge_fabric(outputs, Expect(efa=4, instance_type="p4d.24xlarge"))
+    assert (finding.status, finding.action) == ("fail", "isolate")
+    assert finding.detail == f"EFA: 0 of 4 expected devices (p4d.24xlarge): {why}"
+    assert "dscluster provision" in finding.fix
+
+
+def test_no_efa_expected_and_no_fi_info_judges_the_ports_alone():
+    findings = judge(ibv=recorded(IB / "ibv_devinfo_ib_1x_deepep55.txt"), efa=0)
+    assert [f.status for f in findings] == ["pass"]
 
 
 def test_garbage_and_truncated_outputs_are_unreadable_in_one_line():

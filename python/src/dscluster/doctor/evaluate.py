@@ -29,6 +29,7 @@ def evaluate(  # noqa: PLR0913 - every finding the judges read, each a keyword
     user: str = "ds",
     thresholds: Thresholds | None = None,
     instance_types: Mapping[str, str] | None = None,
+    expected_efa: Mapping[str, int] | None = None,
     health: Mapping[str, Recording] | None = None,
 ) -> DoctorReport:
     """Judge the findings. findings: host -> the JSON the doctor role wrote for it.
@@ -85,6 +86,7 @@ def evaluate(  # noqa: PLR0913 - every finding the judges read, each a keyword
             recorded=recorded,
             expected_slots=expected_slots,
             instance_types=instance_types,
+            expected_efa=expected_efa,
         )
     judge_health(report, {h: r for h, r in health.items() if h in live})
     return report

@@ -52,10 +52,12 @@ def expect_for(
     live: Mapping[str, Any] | None,
     expected_slots: int | None,
     instance_type: str = "",
+    efa: int | None = None,
 ) -> Expect:
     """The accelerator kind and count provision recorded (facts/<host>.json), else the ones
-    detected now; dscluster_expected_slots overrides the count. EFA: the project keeps no
-    per-type EFA table (AWS types are read at discovery), so None: not judged against one."""
+    detected now; dscluster_expected_slots overrides the count. EFA: the EFA interfaces the
+    inventory says the instance has (dscluster_expected_efa, from EC2 at discovery), or None:
+    not judged against a count."""
     recorded = (facts or {}).get("accelerators") or {}
     now = live or {}
     kind = KINDS.get(str(recorded.get("kind") or now.get("kind") or "cpu"), "cpu")
@@ -63,7 +65,7 @@ def expect_for(
     devices = expected_slots if expected_slots is not None else count
     if kind == "cpu" or isinstance(devices, bool) or not isinstance(devices, int):
         devices = None
-    return Expect(accelerator=kind, devices=devices, efa=None, instance_type=instance_type)
+    return Expect(accelerator=kind, devices=devices, efa=efa, instance_type=instance_type)
 
 
 def from_probe(host: str, health: Any, expect: Expect) -> Recording:
@@ -88,6 +90,7 @@ def recordings(
     recorded: Mapping[str, Mapping[str, Any]] | None = None,
     expected_slots: Mapping[str, int] | None = None,
     instance_types: Mapping[str, str] | None = None,
+    expected_efa: Mapping[str, int] | None = None,
 ) -> dict[str, Recording]:
     """Every live node's recording from the findings the doctor role handed over."""
     out = {}
@@ -99,6 +102,7 @@ def recordings(
             node.get("accelerators"),
             (expected_slots or {}).get(host),
             (instance_types or {}).get(host, ""),
+            (expected_efa or {}).get(host),
         )
         out[host] = from_probe(host, node.get("health"), expect)
     return out

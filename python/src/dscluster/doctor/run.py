@@ -94,6 +94,11 @@ def _inputs(inv: Inventory) -> dict[str, Any]:
             for h in inv.hosts
             if (v := _slot_var(inv, h, "dscluster_expected_slots")) is not None
         },
+        "expected_efa": {
+            h: v
+            for h in inv.hosts
+            if (v := _slot_var(inv, h, "dscluster_expected_efa")) is not None
+        },
         "cpu_slots": {h: _slot_var(inv, h, "dscluster_cpu_slots") or 1 for h in inv.hosts},
         "user": user if isinstance(user, str) and not rules.is_template(user) else "ds",
     }
@@ -180,6 +185,7 @@ def run_doctor(
         recorded=recorded,
         expected_slots=inputs["expected_slots"],
         instance_types=instance_types,
+        expected_efa=inputs["expected_efa"],
     )
     report = evaluate(
         hosts,

@@ -119,6 +119,15 @@ def _port(device: str, port: dict[str, str]) -> Port:
 def judge_fabric(outputs: NodeOutputs, expect: Expect) -> list[Finding]:
     """EFA devices against the instance type's count; IB/RoCE ports that are not active."""
     fi_text, ibv_text = outputs.text(FI_INFO), outputs.text(IBV)
+    if fi_text is None and expect.efa:
+        # EFA interfaces are attached, but libfabric lists none (or is not installed).
+        of = f" ({expect.instance_type})" if expect.instance_type else ""
+        detail = f"EFA: 0 of {expect.efa} expected devices{of}: {outputs.why_missing(FI_INFO)}"
+        fix = (
+            "run 'dscluster provision' (the efa role installs libfabric); if fi_info -p efa "
+            "still lists no device, take the node out and replace the instance"
+        )
+        return [Finding("fail", detail, "isolate", fix)]
     if fi_text is None and ibv_text is None:
         reason = f"{outputs.why_missing(FI_INFO)}; {outputs.why_missing(IBV)}"
         return [Finding("skip", f"no fabric tools' output: {reason}")]
@@ -126,8 +135,6 @@ def judge_fabric(outputs: NodeOutputs, expect: Expect) -> list[Finding]:
     summary: list[str] = []
     if fi_text is not None:
         findings += _judge_efa(parse_fi_info(fi_text), expect, summary)
-    elif expect.efa:
-        findings.append(outputs.skip(FI_INFO))
     if ibv_text is not None:
         findings += _judge_ports(parse_ibv_devinfo(ibv_text), summary)
     if any(f.status in ("warn", "fail") for f in findings):

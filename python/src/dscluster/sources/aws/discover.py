@@ -121,6 +121,16 @@ class Node:
     def instance_id(self) -> str:
         return str(self.instance["InstanceId"])
 
+    @property
+    def efa_interfaces(self) -> int:
+        """EFA interfaces attached (InterfaceType efa or efa-only): the devices libfabric
+        should list on the node, which doctor's fabric check counts."""
+        return sum(
+            1
+            for nic in self.instance.get("NetworkInterfaces") or ()
+            if nic.get("InterfaceType") in ("efa", "efa-only")
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class Result:
@@ -591,6 +601,7 @@ def _host_vars(node: Node) -> dict[str, Any]:
         "dscluster_expected_accelerator": node.info.accelerator,
         "dscluster_expected_slots": node.slots,
         "dscluster_efa_supported": node.info.efa,
+        "dscluster_expected_efa": node.efa_interfaces,
     }
 
 
