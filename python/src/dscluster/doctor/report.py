@@ -10,6 +10,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from .health import STATUS_ORDER
 from .health.registry import CHECKS as HEALTH
 
 CLUSTER_CHECKS: dict[str, str] = {
@@ -32,7 +33,6 @@ CLUSTER_CHECKS: dict[str, str] = {
 # The node health checks (health/registry.py), judged on the vendor tools' recorded outputs.
 HEALTH_CHECKS: dict[str, str] = {name: check.description for name, check in HEALTH.items()}
 CHECKS: dict[str, str] = {**CLUSTER_CHECKS, **HEALTH_CHECKS}
-STATUS_ORDER = {"pass": 0, "skip": 1, "warn": 2, "fail": 3}
 STYLE = {"pass": "green", "skip": "dim", "warn": "yellow", "fail": "bold red"}
 
 

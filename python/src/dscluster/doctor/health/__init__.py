@@ -16,6 +16,8 @@ from collections.abc import Mapping
 # What an admin does about a finding, most drastic first (awsome-distributed-training's
 # grading): take the node out of the job, reboot it, reset one GPU, or keep an eye on it.
 ACTIONS = ("isolate", "reboot", "reset", "monitor")
+# A cell's status, least to most severe: the worst of its findings wins (report.Cell).
+STATUS_ORDER = {"pass": 0, "skip": 1, "warn": 2, "fail": 3}
 
 # The files the probe records, one per command, in DIR/<host>/ for --record and --replay.
 FILES: dict[str, str] = {
@@ -49,7 +51,7 @@ class Finding:
     evidence: str = ""  # the recorded line(s) this came from, short
 
     def __post_init__(self) -> None:
-        if self.status not in ("pass", "skip", "warn", "fail"):
+        if self.status not in STATUS_ORDER:
             raise ValueError(f"status {self.status!r}")
         if self.action and self.action not in ACTIONS:
             raise ValueError(f"action {self.action!r}")

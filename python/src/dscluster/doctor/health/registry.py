@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from . import (
     FILES,
+    STATUS_ORDER,
     Expect,
     Finding,
     NodeOutputs,
@@ -134,16 +135,13 @@ def detail(finding: Finding) -> str:
     return f"{finding.action}: {finding.detail}" if finding.action else finding.detail
 
 
-_ORDER = {"pass": 0, "skip": 1, "warn": 2, "fail": 3}  # report.STATUS_ORDER
-
-
 def add_cells(report: DoctorReport, host: str, results: dict[str, list[Finding]]) -> None:
     """Findings into cells: the worst status wins and only its findings are listed."""
     for check, findings in results.items():
         cell = report.cell(check, host)
         if not findings:
             continue
-        worst = max((f.status for f in findings), key=_ORDER.__getitem__)
+        worst = max((f.status for f in findings), key=STATUS_ORDER.__getitem__)
         for finding in findings:
             if finding.status == worst:
                 cell.add(finding.status, detail(finding), finding.fix, finding.evidence)
