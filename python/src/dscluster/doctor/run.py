@@ -94,6 +94,11 @@ def _inputs(inv: Inventory) -> dict[str, Any]:
             for h in inv.hosts
             if (v := _slot_var(inv, h, "dscluster_expected_slots")) is not None
         },
+        "instance_types": {
+            h: t
+            for h in inv.hosts
+            if isinstance(t := inv.var(h, "dscluster_instance_type", ""), str)
+        },
         "expected_efa": {
             h: v
             for h in inv.hosts
@@ -175,16 +180,13 @@ def run_doctor(
                 if unowned
                 else f"no findings came back (the play ended {result.status}, rc {result.rc})"
             )
-    instance_types = {
-        h: t for h in hosts if isinstance(t := inv.var(h, "dscluster_instance_type", ""), str)
-    }
     live = [h for h in hosts if h in findings and h not in unreachable]
     health = recordings(
         live,
         findings,
         recorded=recorded,
         expected_slots=inputs["expected_slots"],
-        instance_types=instance_types,
+        instance_types=inputs["instance_types"],
         expected_efa=inputs["expected_efa"],
     )
     report = evaluate(
