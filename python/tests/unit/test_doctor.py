@@ -80,6 +80,21 @@ def set_node(findings, host, data) -> None:
     findings[host]["node"] = cmd(data)
 
 
+def fail_connects(findings, src: str, error: str, **match) -> None:
+    """src's port probes whose fields equal `match` (host=, kind=, port=) fail with `error`."""
+    res = json.loads(findings[src]["connect"]["stdout"])
+    for r in res["results"]:
+        if all(r.get(k) == v for k, v in match.items()):
+            r.update(ok=False, error=error)
+    findings[src]["connect"] = cmd(res)
+
+
+def fail_ssh(findings, src: str, dst: str, error: str) -> None:
+    ssh = json.loads(findings[src]["ssh"]["stdout"])
+    ssh["results"][dst] = {"ok": False, "error": error}
+    findings[src]["ssh"] = cmd(ssh)
+
+
 def judge(findings, **kw) -> doctor.DoctorReport:
     kw.setdefault("hostfile_slots", dict.fromkeys(HOSTS, 1))
     kw.setdefault("cpu_slots", dict.fromkeys(HOSTS, 1))
@@ -100,9 +115,7 @@ def test_healthy_cluster_passes_every_check():
 
 def test_known_hosts_entry_missing_blames_the_source_and_says_the_fix():
     f = healthy()
-    ssh = json.loads(f["n2"]["ssh"]["stdout"])
-    ssh["results"]["n3"] = {"ok": False, "error": "Host key verification failed."}
-    f["n2"]["ssh"] = cmd(ssh)
+    fail_ssh(f, "n2", "n3", "Host key verification failed.")
     report = judge(f)
     assert report.failed() == {("n2", "ssh")}
     cell = report.cell("ssh", "n2")
@@ -114,9 +127,7 @@ def test_known_hosts_entry_missing_blames_the_source_and_says_the_fix():
 def test_a_target_nobody_logs_in_to_is_blamed_not_its_sources():
     f = healthy()
     for src in HOSTS:
-        ssh = json.loads(f[src]["ssh"]["stdout"])
-        ssh["results"]["n2"] = {"ok": False, "error": "Connection refused"}
-        f[src]["ssh"] = cmd(ssh)
+        fail_ssh(f, src, "n2", "Connection refused")
     report = judge(f)
     assert report.failed() == {("n2", "ssh")}
     assert "no node can log in to n2" in report.cell("ssh", "n2").details[0]
@@ -126,9 +137,7 @@ def test_unreachable_node_fails_reach_only_and_is_not_blamed_elsewhere():
     f = healthy()
     del f["n3"]
     for src in ("n1", "n2"):
-        ssh = json.loads(f[src]["ssh"]["stdout"])
-        ssh["results"]["n3"] = {"ok": False, "error": "No route to host"}
-        f[src]["ssh"] = cmd(ssh)
+        fail_ssh(f, src, "n3", "No route to host")
     pdsh = json.loads(f["n1"]["pdsh"]["stdout"])
     del pdsh["memlock"]["n3"]
     f["n1"]["pdsh"] = cmd(pdsh)
@@ -188,11 +197,7 @@ def test_shm_threshold(size, status):
 def test_rendezvous_port_blocked_on_the_head_blames_the_head():
     f = healthy()
     for src in ("n2", "n3"):
-        res = json.loads(f[src]["connect"]["stdout"])
-        for r in res["results"]:
-            if r["kind"] == "rendezvous":
-                r.update(ok=False, error="timed out")
-        f[src]["connect"] = cmd(res)
+        fail_connects(f, src, "timed out", kind="rendezvous")
     report = judge(f)
     assert report.failed() == {("n1", "rendezvous")}
     assert "no node reaches n1:29500" in report.cell("rendezvous", "n1").details[0]
@@ -201,11 +206,7 @@ def test_rendezvous_port_blocked_on_the_head_blames_the_head():
 def test_ephemeral_ports_blocked_into_one_node_blames_that_node():
     f = healthy()
     for src in ("n1", "n2"):
-        res = json.loads(f[src]["connect"]["stdout"])
-        for r in res["results"]:
-            if r["host"] == "n3" and r["port"] == 46883:
-                r.update(ok=False, error="timed out")
-        f[src]["connect"] = cmd(res)
+        fail_connects(f, src, "timed out", host="n3", port=46883)
     report = judge(f)
     assert report.failed() == {("n3", "ports")}
     assert "32768-60999" in report.cell("ports", "n3").fixes[0]
@@ -213,11 +214,7 @@ def test_ephemeral_ports_blocked_into_one_node_blames_that_node():
 
 def test_one_failed_link_is_blamed_on_its_source_naming_the_target():
     f = healthy()
-    res = json.loads(f["n2"]["connect"]["stdout"])
-    for r in res["results"]:
-        if r["host"] == "n3":
-            r.update(ok=False, error="Connection refused")
-    f["n2"]["connect"] = cmd(res)
+    fail_connects(f, "n2", "Connection refused", host="n3")
     report = judge(f)
     assert report.failed() == {("n2", "ports")}
     assert report.cell("ports", "n2").details[0].startswith("n2 → n3: port 32768")

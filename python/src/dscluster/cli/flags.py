@@ -13,16 +13,24 @@ aliases that still parse into the same place:
     -o/--out           the file or directory dscluster writes (`--script` for sbatch)
     --slurm-output     Slurm's own log file, #SBATCH --output (`--output`)
     --accelerate-config / --accelerate-config-kind   launch and sbatch --launcher accelerate
+    --no-doctor / --exclude-unhealthy   smoke and launch: skip doctor, or act on its report
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from .. import validate
 from ..dsconfig import OFFLOADS, ZERO_STAGES
-from ..inventory import DEFAULT_MASTER_PORT
+from ..errors import DsclusterError
+from ..inventory import DEFAULT_MASTER_PORT, Inventory
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ..doctor import Excluded
 
 PORT = validate.port_type_for("--master-port")
 SLOTS = validate.count_type(1, validate.MAX_SLOTS, "slots per node", 2, flag="--slots")
@@ -154,6 +162,39 @@ def as_json(parser: argparse.ArgumentParser) -> None:
 def no_doctor(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-doctor", action="store_true", help="skip the doctor checks run before the job"
+    )
+
+
+def exclude_unhealthy(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--exclude-unhealthy",
+        action="store_true",
+        help="leave the nodes doctor fails (or would isolate) out of this run instead of "
+        "stopping: the run's own hostfile lacks them, the inventory's stays; never the head",
+    )
+
+
+def check_exclude_unhealthy(args: argparse.Namespace) -> None:
+    """--exclude-unhealthy acts on doctor's report: refused with --no-doctor."""
+    from ..doctor.run import NO_DOCTOR_EXCLUDE  # noqa: PLC0415
+
+    if args.exclude_unhealthy and args.no_doctor:
+        raise DsclusterError(NO_DOCTOR_EXCLUDE)
+
+
+def preflight(
+    args: argparse.Namespace, inv: Inventory, *, master_port: int, console: Console, what: str
+) -> Callable[[], list[Excluded]] | None:
+    """The doctor run before a job as --no-doctor / --exclude-unhealthy ask (doctor.preflight)."""
+    from ..doctor import preflight as doctor_preflight  # noqa: PLC0415
+
+    return doctor_preflight(
+        inv,
+        master_port=master_port,
+        console=console,
+        what=what,
+        skip=args.no_doctor,
+        exclude_unhealthy=args.exclude_unhealthy,
     )
 
 

@@ -68,6 +68,7 @@ def register(sub) -> None:
         "--dry-run", action="store_true", help="print the command and launch files, run nothing"
     )
     flags.no_doctor(p)
+    flags.exclude_unhealthy(p)
     flags.program(p)
     p.set_defaults(func=cmd_launch, check=check_launch)
 
@@ -80,6 +81,7 @@ def check_launch(args: argparse.Namespace) -> None:
     program = flags.after_dashes(args.program)
     if not program:
         raise DsclusterError("no script to run; put it after '--': dscluster launch -- train.py")
+    flags.check_exclude_unhealthy(args)
     if args.workdir is not None:
         words = _check_workdir(args, program)
     else:
@@ -140,8 +142,15 @@ def _signatures(matches: list[Match], err: Console) -> str:
     return f"; fix ({matches[0].name} on {matches[0].where}): {matches[0].help}" if matches else ""
 
 
+def _without(left_out: dict[str, str]) -> str:
+    """The nodes --exclude-unhealthy left out, for the one line."""
+    if not left_out:
+        return ""
+    who = "; ".join(f"{host}: {checks}" for host, checks in left_out.items())
+    return f"; without {', '.join(left_out)} (--exclude-unhealthy: {who})"
+
+
 def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from ..doctor import preflight  # noqa: PLC0415
     from ..inventory import load, master_port  # noqa: PLC0415
     from ..launch import LaunchRequest, launch  # noqa: PLC0415
     from ..launch.modes import plan_options  # noqa: PLC0415
@@ -177,15 +186,23 @@ def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
         mode_files=mode_files,
         out=out,
         console=err,
-        preflight=preflight(inv, master_port=port, console=err, what="launch", skip=args.no_doctor),
+        preflight=flags.preflight(args, inv, master_port=port, console=err, what="launch"),
     )
     if result is None:
+        if args.exclude_unhealthy:
+            err.print(
+                "launch: --dry-run runs no doctor: the plan above has every node, and "
+                "--exclude-unhealthy leaves out the failing ones when the job starts",
+                markup=False,
+                highlight=False,
+            )
         return 0
     for line in result.log_lines:
         out.print(line, markup=False, highlight=False)
     if result.rc == 0:
         where = f"ran in {plan.job_dir} on {plan.head}"
         where += f" ({result.project})" if result.project else ""
+        where += _without(result.left_out)
         err.print(
             f"launch {plan.run_id}: job exited 0; log {result.log_path}; {where}",
             markup=False,
@@ -207,6 +224,7 @@ def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
         host, task, msg = result.playbook.failures[0]
         why += f": {task} on {host}: {msg[:200]}"
     why += _signatures(result.signatures, err)
+    why += _without(result.left_out)
     line = f"launch {plan.run_id}: job {why}; log {result.log_path}"
     print(f"dscluster: error: {line}", file=sys.stderr)
     return result.rc

@@ -45,6 +45,7 @@ def register(sub) -> None:
     flags.timeout(smoke, 600)
     flags.as_json(smoke)
     flags.no_doctor(smoke)
+    flags.exclude_unhealthy(smoke)
     smoke.add_argument(
         "--straggler-factor",
         type=validate.real_type(1, 1000, "a slowdown factor", "2", flag="--straggler-factor"),
@@ -67,6 +68,7 @@ def register(sub) -> None:
 def check_smoke(args: argparse.Namespace) -> None:
     from ..smoke.run import checked_ds_config  # noqa: PLC0415
 
+    flags.check_exclude_unhealthy(args)
     if args.ds_config is not None:
         if args.offload is not None:
             raise DsclusterError(
@@ -77,7 +79,6 @@ def check_smoke(args: argparse.Namespace) -> None:
 
 
 def cmd_smoke(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from ..doctor import preflight  # noqa: PLC0415
     from ..inventory import load, master_port  # noqa: PLC0415
     from ..smoke import bandwidth_table, config_table, link_table, rank_table, run_smoke  # noqa: PLC0415
 
@@ -93,7 +94,7 @@ def cmd_smoke(args: argparse.Namespace, out: Console, err: Console) -> int:
         master_port=port,
         straggler_factor=args.straggler_factor,
         console=err,
-        preflight=preflight(inv, master_port=port, console=err, what="smoke", skip=args.no_doctor),
+        preflight=flags.preflight(args, inv, master_port=port, console=err, what="smoke"),
         ds_config=args.ds_config,
     )
     stragglers = report.get("stragglers", [])
@@ -122,8 +123,10 @@ def cmd_smoke(args: argparse.Namespace, out: Console, err: Console) -> int:
             f"report: {path}"
         )
     if not args.json:
+        left = [e["host"] for e in report.get("excluded", [])]
+        without = f" without {', '.join(left)} (--exclude-unhealthy)" if left else ""
         out.print(
-            f"smoke test passed: {report['world_size']} ranks; report {path}",
+            f"smoke test passed: {report['world_size']} ranks{without}; report {path}",
             markup=False,
             highlight=False,
         )

@@ -15,12 +15,14 @@ network.py: checks between nodes (ssh, pdsh, memlock, resolve, ports, clock); no
 on each node (shm, disk, shared, libaio, ifname, versions, slots); health/: the node health
 checks on the vendor tools' recorded outputs (health/registry.py: CHECKS and JUDGES);
 record.py: those outputs from a live run, `--record DIR` and `--replay DIR`; evaluate.py: all
-of them over every node; run.py: gathering the findings with playbooks/doctor.yml, preflight.
+of them over every node; run.py: gathering the findings with playbooks/doctor.yml, preflight;
+exclude.py: the nodes `--exclude-unhealthy` leaves out of a run, acting on the report.
 """
 
 from __future__ import annotations
 
 from .evaluate import evaluate
+from .exclude import Excluded, check_left, unhealthy
 from .findings import attribute, load_json, stdout_json, step_error
 from .network import judge_clock, judge_pdsh_memlock, judge_ports, judge_resolve, judge_ssh
 from .node import RDMA_PROFILES, VERSION_FIELDS, judge_local, judge_slots, judge_versions
@@ -54,8 +56,10 @@ __all__ = [
     "VERSION_FIELDS",
     "Cell",
     "DoctorReport",
+    "Excluded",
     "Thresholds",
     "attribute",
+    "check_left",
     "evaluate",
     "judge_clock",
     "judge_local",
@@ -76,5 +80,6 @@ __all__ = [
     "step_error",
     "summary_line",
     "table",
+    "unhealthy",
     "write_record",
 ]

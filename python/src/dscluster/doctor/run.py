@@ -22,6 +22,7 @@ from ..text import show_yaml
 from ..util import atomic_write
 from ..validate import read_text
 from .evaluate import evaluate
+from .exclude import Excluded, check_left, excluded_line, unhealthy
 from .findings import load_json
 from .record import check_record_dir, recordings, write_record
 from .report import DoctorReport, Thresholds, problem_lines, summary_line, table
@@ -220,24 +221,63 @@ def run_doctor(
     return report
 
 
+NO_DOCTOR_EXCLUDE = (
+    "--exclude-unhealthy leaves out the nodes doctor fails, and --no-doctor skips doctor: "
+    "nothing to exclude by; drop one of them"
+)
+
+
 def preflight(
-    inv: Inventory, *, master_port: int, console: Console, what: str, skip: bool
-) -> Callable[[], None] | None:
+    inv: Inventory,
+    *,
+    master_port: int,
+    console: Console,
+    what: str,
+    skip: bool,
+    exclude_unhealthy: bool = False,
+) -> Callable[[], list[Excluded]] | None:
     """The doctor run `smoke`/`launch` make once their launch files are written, or None
-    with --no-doctor."""
+    with --no-doctor. It returns the nodes to leave out of the run (exclude.py): none
+    without `exclude_unhealthy`, where any failure stops the job instead."""
+    if skip and exclude_unhealthy:
+        raise DsclusterError(NO_DOCTOR_EXCLUDE)
     if skip:
         return None
-    return lambda: require_healthy(inv, master_port=master_port, console=console, what=what)
+    return lambda: require_healthy(
+        inv,
+        master_port=master_port,
+        console=console,
+        what=what,
+        exclude_unhealthy=exclude_unhealthy,
+    )
 
 
-def require_healthy(inv: Inventory, *, master_port: int, console: Console, what: str) -> None:
-    """Run doctor before a job; raise with the first failure when any check fails."""
+def require_healthy(
+    inv: Inventory,
+    *,
+    master_port: int,
+    console: Console,
+    what: str,
+    exclude_unhealthy: bool = False,
+) -> list[Excluded]:
+    """Run doctor before a job; raise with the first failure when any check fails. With
+    `exclude_unhealthy`, the failing (and to-be-isolated) nodes are returned instead, each
+    said on the console, unless the head is one of them (exclude.check_left)."""
     console.print(f"{what}: running doctor first (--no-doctor skips it)", highlight=False)
     report = run_doctor(inv, master_port=master_port, console=console)
     for line in problem_lines(report):
         console.print(line, markup=False, highlight=False)
     if not report.ok:
         console.print(table(report, console.width))
-        raise DsclusterError(
-            f"{summary_line(report)} — {what} not started (fix it, or pass --no-doctor)"
-        )
+    if not exclude_unhealthy:
+        if not report.ok:
+            raise DsclusterError(
+                f"{summary_line(report)} — {what} not started (fix it, pass "
+                "--exclude-unhealthy to run without the failing nodes, or pass --no-doctor)"
+            )
+        return []
+    excluded = unhealthy(report)
+    check_left(report, excluded, what)
+    for e in excluded:
+        console.print(excluded_line(e, what), markup=False, highlight=False, soft_wrap=True)
+    return excluded

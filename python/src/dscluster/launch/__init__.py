@@ -7,7 +7,8 @@ request.py: LaunchRequest (what a caller asks for) and JobSite (where the job ru
 select.py: resource selection; launchers/: one module per launcher (its argv, hostfiles and
 the scripts staged with the job) behind launchers.TABLE; render.py: build_plan, the head's
 launch.sh and the Plan; watch.py: which node a failed launch lost; signatures.py: the known
-failure signatures a failed job's log is matched against, each with its fix; run.py:
+failure signatures a failed job's log is matched against, each with its fix; exclude.py: the
+run's site and request without the nodes `--exclude-unhealthy` leaves out; run.py:
 `run_job`, the one place that does I/O: it stages the job through playbooks/launch.yml, which
 runs `launch.sh` on the head in the job directory with a bounded `timeout`. All pure but
 run.py.

@@ -10,6 +10,7 @@ import pathlib
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 from rich.console import Console
 
@@ -20,12 +21,38 @@ from ..launch_files import LaunchFiles, render_launch_files
 from ..paths import cache_dir
 from ..runner import PlaybookResult, run_playbook
 from ..util import atomic_write, print_warnings, write_files
+from .exclude import request_without, site_without
 from .launchers.mpi import render_mpi_hostfile
 from .render import Plan, build_plan
 from .request import JobSite, LaunchRequest
 from .signatures import Match, match_signatures
 from .watch import ScriptFailure, lost_nodes, script_failure
 from .workdir import JOB_FILE_NAMES, JOB_TAR, Project, check_names, project_for, write_job_tar
+
+
+class LeftOut(Protocol):
+    """What a preflight hands back per node it leaves out (doctor.exclude.Excluded)."""
+
+    @property
+    def host(self) -> str: ...
+    @property
+    def checks(self) -> Sequence[str]: ...
+    @property
+    def why(self) -> str: ...
+
+
+# The doctor run before a job (doctor.preflight): the nodes it leaves out of the run, if any.
+Preflight = Callable[[], Sequence[LeftOut] | None]
+
+
+def run_preflight(preflight: Preflight | None) -> list[LeftOut]:
+    """Run the preflight (doctor, unless --no-doctor): the nodes it leaves out of the run."""
+    return list((preflight() or ()) if preflight is not None else ())
+
+
+def left_out_of(excluded: Sequence[LeftOut]) -> dict[str, str]:
+    """host -> the checks it failed, of the nodes left out (plan_for's `left_out`)."""
+    return {e.host: ", ".join(e.checks) for e in excluded}
 
 
 def new_run_id(prefix: str) -> str:
@@ -36,9 +63,18 @@ def job_dir_for(inv: Inventory, run_id: str) -> str:
     return f"{storage.inventory_paths(inv).jobs_dir}/{run_id}"
 
 
-def plan_for(inv: Inventory, files: LaunchFiles, request: LaunchRequest, run_id: str) -> Plan:
+def plan_for(
+    inv: Inventory,
+    files: LaunchFiles,
+    request: LaunchRequest,
+    run_id: str,
+    *,
+    left_out: Mapping[str, str] | None = None,
+) -> Plan:
     """build_plan of `request` on the inventory and its launch files (rendered, maybe not
-    written)."""
+    written). `left_out` (host -> its failed checks): the nodes --exclude-unhealthy leaves
+    out of this run alone (exclude.py), gone from the job's own hostfile, never from the
+    inventory's."""
     head_facts = files.facts[0]
     interfaces = {f.interface for f in files.facts}
     site = JobSite(
@@ -52,6 +88,9 @@ def plan_for(inv: Inventory, files: LaunchFiles, request: LaunchRequest, run_id:
         env_text=files.env_text,
         interface=interfaces.pop() if len(interfaces) == 1 else "",
     )
+    if left_out:
+        site = site_without(site, left_out)
+        request = request_without(request, site.pool, left_out)
     return build_plan(request, site)
 
 
@@ -68,6 +107,8 @@ class JobResult:
     failure: ScriptFailure | None = None
     # known failure signatures in the log of a failed job (signatures.SIGNATURES)
     signatures: list[Match] = dataclasses.field(default_factory=list)
+    # the nodes --exclude-unhealthy left out of this run: host -> the checks it failed
+    left_out: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def run_job(
@@ -214,14 +255,15 @@ def launch(  # noqa: PLR0913 - how the launch command runs its request, each a k
     mode_files: Mapping[str, pathlib.Path] | None = None,
     out: Console | None = None,
     console: Console | None = None,
-    preflight: Callable[[], None] | None = None,
+    preflight: Preflight | None = None,
 ) -> tuple[Plan, JobResult | None]:
     """Plan, then (unless dry_run) write the launch files, run `preflight` (doctor) and the
     job. Everything is checked before anything is written; a dry run writes nothing.
     request.program: the script and its args as given; workdir: the project directory
     shipped with the job and run in (the script relative to it); without it, the script
     alone is staged (or run in place with stage=False). mode_files: the local files the
-    launcher's own options stage (launch.modes.plan_options)."""
+    launcher's own options stage (launch.modes.plan_options). The nodes `preflight` leaves
+    out (--exclude-unhealthy) are left out of this run's plan (plan_for)."""
     out = out or Console()
     console = console or Console(stderr=True)
     files = render_launch_files(inv)
@@ -252,9 +294,16 @@ def launch(  # noqa: PLR0913 - how the launch command runs its request, each a k
         markup=False,
         highlight=False,
     )
-    if preflight is not None:
-        preflight()
+    left_out = left_out_of(run_preflight(preflight))
+    if left_out:
+        plan = plan_for(inv, files, staged, plan.run_id, left_out=left_out)
+        console.print(
+            f"launch: {len(plan.resources)} nodes, {plan.world_size} ranks without "
+            f"{', '.join(left_out)}",
+            markup=False,
+            highlight=False,
+        )
     result = run_job(
         inv, plan, stage_files=stage_files, project=project, timeout=timeout, console=console
     )
-    return plan, result
+    return plan, dataclasses.replace(result, left_out=left_out)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
 
@@ -19,6 +19,7 @@ from ..errors import DsclusterError
 from ..inventory import DEFAULT_MASTER_PORT, Inventory
 from ..jobs import SMOKE_JOB_FILES
 from ..launch import LAUNCH_TIME, LaunchRequest, lost_nodes, new_run_id, plan_for, run_job
+from ..launch.run import Preflight, left_out_of, run_preflight
 from ..launch_files import render_launch_files
 from ..util import atomic_write, print_warnings
 from ..validate import read_text
@@ -45,7 +46,7 @@ def run_smoke(  # noqa: C901, PLR0912, PLR0913, PLR0915 - the smoke command's op
     straggler_factor: float = DEFAULT_STRAGGLER_FACTOR,
     p2p_mb: float = 8.0,
     console: Console | None = None,
-    preflight: Callable[[], None] | None = None,
+    preflight: Preflight | None = None,
     ds_config: pathlib.Path | None = None,
 ) -> tuple[dict[str, Any], pathlib.Path]:
     """Stage the job on the head, launch it across every slot with `launcher`, fetch the
@@ -54,7 +55,11 @@ def run_smoke(  # noqa: C901, PLR0912, PLR0913, PLR0915 - the smoke command's op
 
     With `ds_config` (a file from `dscluster dsconfig`) the job runs that one configuration
     instead of the ZeRO matrix, and also saves a checkpoint in dscluster_checkpoint_dir with
-    the file's checkpoint settings, loads it back and compares the weights."""
+    the file's checkpoint settings, loads it back and compares the weights.
+
+    The nodes `preflight` leaves out (--exclude-unhealthy) are left out of this run: its own
+    hostfile, never the inventory's (launch.plan_for); the report's `excluded` names them,
+    with the checks they failed and why."""
     console = console or Console(stderr=True)
     staged = job_sources()
     if ds_config is not None:
@@ -88,15 +93,16 @@ def run_smoke(  # noqa: C901, PLR0912, PLR0913, PLR0915 - the smoke command's op
     # Every check passed: now the launch files, then doctor against them.
     files.write()
     print_warnings(console, files.warnings)
-    if preflight is not None:
-        preflight()
+    excluded = run_preflight(preflight)
+    if excluded:
+        plan = plan_for(inv, files, request, run_id, left_out=left_out_of(excluded))
     what = (
         f"config {ds_config}"
         if ds_config is not None
         else f"ZeRO-{zero_arg}{'' if offload == 'none' else ' offload ' + offload}"
     )
     console.print(
-        f"smoke: {len(files.facts)} nodes, {files.world_size} ranks, {what}, "
+        f"smoke: {len(plan.resources)} nodes, {plan.world_size} ranks, {what}, "
         f"launcher {launcher}, head {inv.head}, run {run_id}",
         markup=False,
         highlight=False,
@@ -115,12 +121,15 @@ def run_smoke(  # noqa: C901, PLR0912, PLR0913, PLR0915 - the smoke command's op
         report = json.loads(result.fetched["report.json"])
     else:
         report = {"ok": False, "checks": {"report_written": False}, "ranks": []}
-    if report.get("world_size") not in (None, files.world_size):
+    if report.get("world_size") not in (None, plan.world_size):
         report["ok"] = False  # fewer ranks joined than the hostfile has slots
     report["run_id"] = run_id
     report["launcher"] = launcher
-    report["hostfile"] = files.hostfile_text.splitlines()
-    report["expected_world_size"] = files.world_size
+    report["hostfile"] = plan.files["hostfile"][0].splitlines()  # the run's own
+    report["excluded"] = [
+        {"host": e.host, "checks": list(e.checks), "why": e.why} for e in excluded
+    ]
+    report["expected_world_size"] = plan.world_size
     report["launcher_rc"] = result.rc
     report["launcher_log"] = str(result.log_path)
     report["straggler_factor"] = straggler_factor

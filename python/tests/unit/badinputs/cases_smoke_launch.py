@@ -244,6 +244,15 @@ CASES = [
         "drop --offload",
     ),
     *_ports(["smoke", *INV], [], "smoke"),
+    *(
+        Case(
+            f"{command}-exclude-unhealthy-no-doctor",
+            [command, *INV, "--no-doctor", "--exclude-unhealthy", *tail],
+            "--exclude-unhealthy",
+            "drop one of them",
+        )
+        for command, tail in (("smoke", []), ("launch", RUN))
+    ),
     # launch
     Case("launch-no-script", ["launch", *INV], "no script", "put it after '--'"),
     Case("launch-script-missing", ["launch", *INV, "--", "nope.py"], "nope.py", "--no-stage"),
