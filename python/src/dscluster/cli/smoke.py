@@ -13,7 +13,13 @@ from . import flags
 
 
 def register(sub) -> None:
-    from ..smoke import DEFAULT_STRAGGLER_FACTOR  # noqa: PLC0415
+    from ..smoke import (  # noqa: PLC0415
+        DEFAULT_DEVICE_THRESHOLD,
+        DEFAULT_MIN_FABRIC_FRACTION,
+        DEFAULT_STRAGGLER_FACTOR,
+    )
+    from ..smoke.ceilings import by_name  # noqa: PLC0415
+    from ..smoke.run import DEFAULT_DEVICE_BENCH_S  # noqa: PLC0415
 
     smoke = sub.add_parser("smoke", help="run a DeepSpeed job across every slot")
     flags.inventory(smoke)
@@ -55,6 +61,44 @@ def register(sub) -> None:
     smoke.add_argument(
         "--fail-on-straggler", action="store_true", help="exit non-zero when a straggler is found"
     )
+    smoke.add_argument(
+        "--no-device-bench",
+        action="store_true",
+        help="skip the per-device benchmark (a matmul and a copy timed on every rank at once)",
+    )
+    smoke.add_argument(
+        "--device-bench-s",
+        type=validate.real_type(
+            0, 60, "seconds", str(DEFAULT_DEVICE_BENCH_S), lo_open=True, flag="--device-bench-s"
+        ),
+        default=DEFAULT_DEVICE_BENCH_S,
+        help=f"timed seconds per device figure (default {DEFAULT_DEVICE_BENCH_S:g})",
+    )
+    smoke.add_argument(
+        "--device-bench-threshold",
+        type=validate.real_type(
+            0, 0.99, "a fraction", "0.2", lo_open=True, flag="--device-bench-threshold"
+        ),
+        default=DEFAULT_DEVICE_THRESHOLD,
+        help="name a device more than this fraction below its peers' median (and outside "
+        f"their spread: 3 x MAD) (default {DEFAULT_DEVICE_THRESHOLD:g})",
+    )
+    smoke.add_argument(
+        "--min-fabric-fraction",
+        type=validate.real_type(
+            0, 1, "a fraction", "0.5", lo_open=True, flag="--min-fabric-fraction"
+        ),
+        default=DEFAULT_MIN_FABRIC_FRACTION,
+        help="warn when the all-reduce or a link reaches less than this share of the fabric's "
+        f"ceiling (default {DEFAULT_MIN_FABRIC_FRACTION:g})",
+    )
+    smoke.add_argument(
+        "--fabric",
+        choices=sorted(by_name()),
+        default="",
+        help="grade against this fabric's published ceiling instead of the one the facts "
+        "choose (NVLink by GPU model, EFA by instance type, else raw TCP measured)",
+    )
     flags.launcher(
         smoke,
         ("deepspeed", "torchrun", "mpi"),  # the smoke job is a DeepSpeed script
@@ -80,7 +124,15 @@ def check_smoke(args: argparse.Namespace) -> None:
 
 def cmd_smoke(args: argparse.Namespace, out: Console, err: Console) -> int:
     from ..inventory import load, master_port  # noqa: PLC0415
-    from ..smoke import bandwidth_table, config_table, link_table, rank_table, run_smoke  # noqa: PLC0415
+    from ..smoke import (  # noqa: PLC0415
+        bandwidth_table,
+        config_table,
+        device_table,
+        fabric_table,
+        link_table,
+        rank_table,
+        run_smoke,
+    )
 
     inv = load(args.inventory)
     port = master_port(inv, args.master_port)
@@ -96,6 +148,10 @@ def cmd_smoke(args: argparse.Namespace, out: Console, err: Console) -> int:
         console=err,
         preflight=flags.preflight(args, inv, master_port=port, console=err, what="smoke"),
         ds_config=args.ds_config,
+        device_bench_s=0 if args.no_device_bench else args.device_bench_s,
+        device_threshold=args.device_bench_threshold,
+        min_fabric_fraction=args.min_fabric_fraction,
+        fabric=args.fabric,
     )
     stragglers = report.get("stragglers", [])
     failing = bool(stragglers) and args.fail_on_straggler
@@ -108,8 +164,16 @@ def cmd_smoke(args: argparse.Namespace, out: Console, err: Console) -> int:
         if (report.get("p2p") or {}).get("hosts"):
             out.print(link_table(report))
         out.print(bandwidth_table(report))
+        if (report.get("device_bench") or {}).get("devices"):
+            out.print(device_table(report))
+        if (report.get("fabric_grade") or {}).get("ceiling"):
+            out.print(fabric_table(report))
     for straggler in stragglers:
         err.print(f"warning: {straggler['message']}", markup=False, highlight=False)
+    for slow in (report.get("device_bench") or {}).get("slow") or []:
+        err.print(f"warning: {slow['message']}", markup=False, highlight=False)
+    for line in (report.get("fabric_grade") or {}).get("warnings") or []:
+        err.print(f"warning: {line}", markup=False, highlight=False)
     # stdout stays one JSON document with --json
     (err if args.json else out).print(
         f"smoke report: {path}" + (f" and {report['png']}" if report.get("png") else ""),

@@ -6,6 +6,7 @@ SMOKE_JOB_FILES = (
     "smoke_job.py",
     "smoke_bench.py",
     "smoke_checks.py",
+    "smoke_device.py",
     "smoke_report.py",
     "smoke_train.py",
 )

@@ -1,25 +1,27 @@
 #!/usr/bin/env python3
 """dscluster smoke job: a real DeepSpeed engine across every slot, with checks and a report.
 
-Started by the launcher on every rank. First a pairwise bandwidth pass: for every pair of
-nodes, one rank on each sends to the other and back (the other ranks wait), giving a node x
-node GB/s matrix. Then, for each configuration of the matrix (--zero stages, each without
-offload and with --offload where DeepSpeed allows it), each rank trains the same small model
-with a fresh DeepSpeed engine on its own data and the ranks exchange what they saw. Rank 0
-writes the report (after every configuration, so a later crash keeps the earlier results).
-After them a second bandwidth pass (each direction keeps its faster); if the straggler rules
-would name a link or node, every direction is measured again, for longer, before the report can.
-Every rank exits 0 only if, in every configuration that ran, the loss fell on every rank and
-the parameter checksums agree across ranks. The communication backend is DeepSpeed's choice
-for the accelerator (gloo on CPU, NCCL on CUDA, HCCL on Gaudi). A collective that hangs ends at
---dist-timeout.
+Started by the launcher on every rank. First every rank's device benchmark at once (a matmul's
+TFLOPS, a copy's GB/s) and the raw TCP throughput between nodes (smoke_device); then a pairwise
+bandwidth pass: for every pair of nodes, one rank on each sends to the other and back (the other
+ranks wait), giving a node x node GB/s matrix. Then, for each configuration of the matrix
+(--zero stages, each without offload and with --offload where DeepSpeed allows it), each rank
+trains the same small model with a fresh DeepSpeed engine on its own data and the ranks exchange
+what they saw. Rank 0 writes the report (after every configuration, so a later crash keeps the
+earlier results). After them a second bandwidth pass (each direction keeps its faster); if the
+straggler rules would name a link or node, every direction is measured again, for longer, before
+the report can. Every rank exits 0 only if, in every configuration that ran, the loss fell on
+every rank and the parameter checksums agree across ranks. The communication backend is
+DeepSpeed's choice for the accelerator (gloo on CPU, NCCL on CUDA, HCCL on Gaudi). A collective
+that hangs ends at --dist-timeout.
 
-This file is the entry point (the arguments and the flow); its sibling modules, staged beside
-it in the job directory (dscluster.jobs.SMOKE_JOB_FILES) and imported as top-level modules
-from there, hold the rest: smoke_checks (the matrix, the checks, the straggler rules),
-smoke_bench (the communication benchmarks), smoke_train (one configuration's training) and
-smoke_report (the report). They run on the nodes with the cluster venv and import nothing
-from dscluster (their pure functions are also imported by dscluster and its unit tests).
+This file is the entry point (the arguments and the flow); its sibling modules, staged beside it
+in the job directory (dscluster.jobs.SMOKE_JOB_FILES) and imported as top-level modules from
+there, hold the rest: smoke_checks (the matrix, the checks, the straggler rules), smoke_bench
+(the communication benchmarks), smoke_device (the device benchmark, raw TCP), smoke_train (one
+configuration's training) and smoke_report (the report). They run on the nodes with the cluster
+venv and import nothing from dscluster (their pure functions are also imported by dscluster and
+its unit tests).
 """
 
 from __future__ import annotations
@@ -37,10 +39,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING or __package__:  # dscluster.jobs.smoke_job: imported by dscluster's tests
-    from . import smoke_bench, smoke_checks, smoke_report, smoke_train
+    from . import smoke_bench, smoke_checks, smoke_device, smoke_report, smoke_train
 else:  # on the nodes: files of the job directory (sys.path[0]), no dscluster there
     import smoke_bench
     import smoke_checks
+    import smoke_device
     import smoke_report
     import smoke_train
 
@@ -96,6 +99,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=2.0,
         help="a link or node below the median / this is a straggler (measured again first)",
     )
+    parser.add_argument(
+        "--device-bench-s",
+        type=float,
+        default=smoke_device.DEFAULT_SECONDS,
+        help="timed seconds per device figure (matmul, copy) on every rank at once; 0 skips",
+    )
+    parser.add_argument(
+        "--device-bench-scale", type=float, default=1.0, help="multiply the benchmark's sizes"
+    )
+    parser.add_argument(
+        "--tcp-mb",
+        type=float,
+        default=None,
+        help="raw TCP message MiB between node leaders, timed as the point-to-point pass times "
+        "its messages (the fabric's ceiling where no published figure applies; default: "
+        "--p2p-mb); 0 skips",
+    )
     parser.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", "0")))
     return parser.parse_args(argv)
 
@@ -130,6 +150,45 @@ def placement(
     return hosts, leaders, aio
 
 
+def device_and_tcp(args, torch, dist, accel, *, device, leaders: list[int]) -> dict:
+    """Before anything else loads the nodes: every rank's device benchmark at once, then the
+    raw TCP pass between node leaders. Returns the report's device_bench and tcp sections
+    (each left out when skipped)."""
+    out: dict[str, Any] = {}
+    if args.device_bench_s > 0:
+        dist.barrier()  # all ranks at once: each device's figures against its peers'
+        try:
+            mine = smoke_device.device_bench(
+                torch,
+                device=device,
+                sync=accel.synchronize,
+                seconds=args.device_bench_s,
+                scale=args.device_bench_scale,
+            )
+        except Exception as exc:  # out of memory, say: reported, and the ranks go on together
+            mine = {"device": str(device), "error": f"{type(exc).__name__}: {exc}"[:300]}
+        mine.update(rank=dist.get_rank(), local_rank=args.local_rank, host=socket.gethostname())
+        gathered: list[dict | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
+        out["device_bench"] = {
+            "seconds": args.device_bench_s,
+            "scale": args.device_bench_scale,
+            "devices": sorted((d for d in gathered if d), key=lambda d: d["rank"]),
+        }
+    tcp_mb = args.p2p_mb if args.tcp_mb is None else args.tcp_mb
+    if tcp_mb > 0 and len(leaders) > 1:
+        tcp_bytes = int(tcp_mb * (1 << 20))
+        matrix, errors = smoke_device.tcp_pass(
+            dist,
+            leaders=leaders,
+            toward=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+            nbytes=tcp_bytes,
+            iters=args.p2p_iters,
+        )
+        out["tcp"] = {"bytes": tcp_bytes, "iters": args.p2p_iters, "gbps": matrix, "errors": errors}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import deepspeed  # noqa: PLC0415 - heavy imports after argument parsing
@@ -146,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     device = accel.current_device_name()
     installed_ops = dict(info.installed_ops)
     hosts, leaders, aio = placement(args, dist, accel, installed_ops, info.accelerator_name)
+
+    benches = device_and_tcp(args, torch, dist, accel, device=device, leaders=leaders)
 
     nbytes = int(args.p2p_mb * (1 << 20))  # each p2p message
     # One p2p_bench pass of every rank, gathered into the node x node matrix.
@@ -172,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     report = smoke_report.new_report(
         args, torch, deepspeed, accel, installed_ops=installed_ops, p2p=p2p, aio=aio
     )
+
+    report.update(benches)
 
     ok = True
     for entry in planned(args, report, aio):

@@ -17,13 +17,18 @@ from .. import storage
 from ..dsconfig import OFFLOADS, ZERO_STAGES, auto_keys
 from ..errors import DsclusterError
 from ..inventory import DEFAULT_MASTER_PORT, Inventory
-from ..jobs import SMOKE_JOB_FILES
+from ..jobs import SMOKE_JOB_FILES, smoke_device
 from ..launch import LAUNCH_TIME, LaunchRequest, lost_nodes, new_run_id, plan_for, run_job
 from ..launch.run import Preflight, left_out_of, run_preflight
 from ..launch_files import render_launch_files
 from ..util import atomic_write, print_warnings
 from ..validate import read_text
+from . import ceilings
+from .devices import DEFAULT_DEVICE_THRESHOLD, report_slow_devices
+from .fabric import DEFAULT_MIN_FABRIC_FRACTION, choose, context_from_facts, grade
 from .stragglers import DEFAULT_STRAGGLER_FACTOR, report_stragglers
+
+DEFAULT_DEVICE_BENCH_S = smoke_device.DEFAULT_SECONDS
 
 
 def job_sources() -> dict[str, pathlib.Path]:
@@ -48,6 +53,10 @@ def run_smoke(  # noqa: C901, PLR0912, PLR0913, PLR0915 - the smoke command's op
     console: Console | None = None,
     preflight: Preflight | None = None,
     ds_config: pathlib.Path | None = None,
+    device_bench_s: float = DEFAULT_DEVICE_BENCH_S,
+    device_threshold: float = DEFAULT_DEVICE_THRESHOLD,
+    min_fabric_fraction: float = DEFAULT_MIN_FABRIC_FRACTION,
+    fabric: str = "",
 ) -> tuple[dict[str, Any], pathlib.Path]:
     """Stage the job on the head, launch it across every slot with `launcher`, fetch the
     report, find stragglers, write the JSON and PNG reports. Returns (report, JSON path);
@@ -59,7 +68,13 @@ def run_smoke(  # noqa: C901, PLR0912, PLR0913, PLR0915 - the smoke command's op
 
     The nodes `preflight` leaves out (--exclude-unhealthy) are left out of this run: its own
     hostfile, never the inventory's (launch.plan_for); the report's `excluded` names them,
-    with the checks they failed and why."""
+    with the checks they failed and why.
+
+    Before the training every rank times a matmul and a copy at once (`device_bench_s`
+    seconds each, 0 skips): a device more than `device_threshold` below its peers' median
+    (and outside their spread) is named. The all-reduce and point-to-point figures are graded
+    against the fabric's ceiling (smoke/fabric.py; `fabric` names a row of smoke/ceilings.py
+    instead of the one the facts choose); below `min_fabric_fraction` is a warning."""
     console = console or Console(stderr=True)
     staged = job_sources()
     if ds_config is not None:
@@ -74,13 +89,31 @@ def run_smoke(  # noqa: C901, PLR0912, PLR0913, PLR0915 - the smoke command's op
         raise DsclusterError(
             f"--straggler-factor {straggler_factor:g} is below 1; use 2 for 'twice as slow'"
         )
+    if fabric and fabric not in ceilings.by_name():
+        raise DsclusterError(
+            f"--fabric {fabric} is not a known fabric; use one of {', '.join(ceilings.by_name())}"
+        )
+    if not 0 < device_threshold < 1 or not 0 < min_fabric_fraction <= 1:
+        raise DsclusterError(
+            f"--device-bench-threshold {device_threshold:g} must lie in (0, 1) and "
+            f"--min-fabric-fraction {min_fabric_fraction:g} in (0, 1]"
+        )
     files = render_launch_files(inv)
+    types = {f.host: inv.var(f.host, "dscluster_instance_type", "") for f in files.facts}
+    context = context_from_facts(
+        files.facts, {h: t for h, t in types.items() if isinstance(t, str)}, fabric
+    )
+    # Raw TCP only where it is the ceiling (a published row needs no measurement).
+    tcp_needed = choose(context, len(files.facts), tcp_measured=True).measured
     run_id = new_run_id("smoke")
     zero_arg = ",".join(str(s) for s in stages)
     program = ["smoke_job.py", "--zero", zero_arg, "--steps", str(steps)]
     program += ["--report", "report.json", "--dist-timeout", str(dist_timeout)]
     program += ["--launch-time", LAUNCH_TIME, "--p2p-mb", f"{p2p_mb:g}"]
     program += ["--straggler-factor", f"{straggler_factor:g}"]
+    program += ["--device-bench-s", f"{device_bench_s:g}"]
+    if not tcp_needed:
+        program += ["--tcp-mb", "0"]
     # NVMe offload swaps to node-local scratch, one directory per run (the job removes it).
     nvme_dir = f"{paths.scratch_dir}/smoke-nvme/{run_id}"
     if ds_config is not None:
@@ -134,6 +167,12 @@ def run_smoke(  # noqa: C901, PLR0912, PLR0913, PLR0915 - the smoke command's op
     report["launcher_log"] = str(result.log_path)
     report["straggler_factor"] = straggler_factor
     report["stragglers"] = [s.as_dict() for s in report_stragglers(report, straggler_factor)]
+    if report.get("device_bench"):
+        report["device_bench"]["threshold"] = device_threshold
+        slow = report_slow_devices(report, device_threshold)
+        report["device_bench"]["slow"] = [d.as_dict() for d in slow]
+    if report.get("allreduce") or (report.get("p2p") or {}).get("gbps"):
+        report["fabric_grade"] = grade(report, context, min_fabric_fraction)
     if result.log_lines:
         report["launcher_log_tail"] = result.log_lines[-40:]
         report["lost_nodes"] = lost_nodes(result.log_lines, plan.rank_hosts)

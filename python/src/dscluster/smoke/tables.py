@@ -106,3 +106,61 @@ def bandwidth_table(report: dict[str, Any]) -> Table:
             f"{row['busbw_gbps']:.3f}",
         )
     return table
+
+
+def device_table(report: dict[str, Any]) -> Table:
+    """Every rank's device figures (matmul TFLOPS, copy GB/s), the slow ones marked ✗."""
+    bench = report.get("device_bench") or {}
+    slow = {(d["rank"], d["metric"]) for d in bench.get("slow") or []}
+    threshold = bench.get("threshold")
+    below = f", ✗ more than {threshold:.0%} below the median" if threshold else ""
+    table = Table(
+        title=f"devices (all ranks at once, {bench.get('seconds', '?')} s per figure{below})",
+        title_justify="left",
+    )
+    for col in ("rank", "host", "local", "device", "matmul TFLOPS", "copy GB/s"):
+        table.add_column(col, justify="left" if col in ("host", "device") else "right")
+
+    def cell(d: dict[str, Any], metric: str, digits: str) -> str:
+        value = d.get(metric)
+        text = "-" if value is None else format(value, digits)
+        return text + (" ✗" if (d.get("rank"), metric) in slow else "")
+
+    for d in bench.get("devices") or []:
+        table.add_row(
+            str(d.get("rank", "?")),
+            str(d.get("host", "?")),
+            str(d.get("local_rank", "?")),
+            f"{d.get('device', '?')} ({d.get('matmul_dtype', '?')})",
+            cell(d, "matmul_tflops", ".3f"),
+            cell(d, "copy_gbps", ".2f"),
+        )
+    return table
+
+
+def fabric_table(report: dict[str, Any]) -> Table:
+    """The all-reduce and each point-to-point direction as a share of the fabric's ceiling."""
+    graded = report.get("fabric_grade") or {}
+    ceiling = graded.get("ceiling") or {}
+    name = "raw TCP between the nodes" if ceiling.get("measured") else ceiling.get("fabric", "")
+    table = Table(
+        title=f"fabric grade against {name} ({graded.get('why', '')}); "
+        f"warn below {graded.get('min_fraction', '?'):g}",
+        title_justify="left",
+    )
+    for col in ("what", "GB/s", "ceiling GB/s", "share"):
+        table.add_column(col, justify="left" if col == "what" else "right")
+    rows = []
+    allreduce = graded.get("allreduce")
+    if allreduce:
+        size = allreduce["bytes"] / (1 << 20)
+        rows.append((f"all-reduce busbw ({size:g} MiB)", allreduce["busbw_gbps"], allreduce))
+    rows += [(f"{x['from']} -> {x['to']}", x["gbps"], x) for x in graded.get("links") or []]
+    for what, value, x in rows:
+        fraction = x.get("fraction")
+        share = "-" if fraction is None else f"{fraction:.0%}"
+        low = fraction is not None and fraction < graded.get("min_fraction", 0)
+        table.add_row(
+            what, f"{value:.3f}", f"{x['ceiling_gbps']:.3f}", share + (" ✗" if low else "")
+        )
+    return table
