@@ -2,13 +2,15 @@
 one launch, the pairwise bandwidth matrix and the PNG report; then a slow link injected for
 real with `tc` (a token-bucket rate limit) inside one node's network namespace, flagged as a
 straggler naming that node, in a run of ZeRO-3 with NVMe offload (DeepSpeed's pre-built
-async_io op swapping to node-local scratch on every node); and one node's /dev/shm shrunk for
-real, which `smoke --exclude-unhealthy` leaves out, running on the other two. Needs a Docker
-engine and a provisioned cluster."""
+async_io op swapping to node-local scratch on every node); one node's /dev/shm shrunk for
+real, which `smoke --exclude-unhealthy` leaves out, running on the other two; and one node's
+container held to a fifth of a core (`docker update --cpus`), named by the per-device
+benchmark. Needs a Docker engine and a provisioned cluster."""
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 
@@ -91,6 +93,14 @@ def test_zero_matrix_with_cpu_offload_in_one_launch(cluster: pathlib.Path):
         assert again["iters"] >= p2p["iters"], again
         assert p2p["gbps"][i][j] == max(again["before_gbps"], again["again_gbps"]), again
     assert report["stragglers"] == [], (report["stragglers"], p2p)
+    # Every rank's device figures, and the bandwidths graded against the raw TCP between nodes.
+    devices = report["device_bench"]["devices"]
+    assert [(d["rank"], d["host"]) for d in devices] == list(enumerate(HOSTS)), devices
+    assert all(d["matmul_tflops"] > 0 and d["copy_gbps"] > 0 for d in devices), devices
+    tcp = report["tcp"]["gbps"]
+    assert all((tcp[i][j] is None) == (i == j) for i in range(NODES) for j in range(NODES)), tcp
+    graded = report["fabric_grade"]
+    assert graded["ceiling"]["measured"] and len(graded["links"]) == NODES * (NODES - 1), graded
     # The tables show every configuration and link; the picture renders.
     assert "zero3+cpu" in proc.stdout and "point-to-point GB/s" in proc.stdout
     assert f"smoke test passed: {NODES} ranks" in proc.stdout
@@ -214,3 +224,35 @@ def test_exclude_unhealthy_runs_on_the_other_nodes_and_names_the_one_left_out(
     assert listed == HOSTS
     passed = f"smoke test passed: {NODES - 1} ranks without {bad} (--exclude-unhealthy)"
     assert passed in proc.stdout
+
+
+def test_a_node_held_to_a_fraction_of_a_core_is_named_by_the_device_benchmark(
+    cluster: pathlib.Path,
+):
+    """One node's container limited to a fifth of a core (its cgroup's CPU quota, the others
+    untouched): the per-device benchmark, timed on every rank at once, names that node's rank
+    as a slow device, and the run still passes (a slow device is a warning)."""
+    slow = HOSTS[1]
+    container = f"dsc-{slow}"
+    docker("update", "--cpus", "0.2", container)
+    try:
+        proc = dsc(
+            "smoke", "-i", str(cluster), "--zero", "2", "--steps", "6", "--no-doctor",
+            "--master-port", PORT, timeout=900,
+        )  # fmt: skip
+    finally:
+        # `docker update --cpus 0` leaves the limit in place (docker/for-linux#558): give the
+        # node every core of the host back, which is no limit here.
+        docker("update", "--cpus", str(os.cpu_count() or 1), container)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = latest_report(cluster)
+    bench = report["device_bench"]
+    named = {(d["host"], d["metric"]) for d in bench["slow"]}
+    assert (slow, "matmul_tflops") in named and {h for h, _ in named} == {slow}, bench
+    figures = {d["host"]: d["matmul_tflops"] for d in bench["devices"]}
+    assert all(figures[slow] < 0.5 * figures[h] for h in HOSTS if h != slow), figures
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: slow")]
+    assert warnings and all(
+        line.startswith(f"warning: slow device: {slow} rank ") for line in warnings
+    )
+    assert "devices (all ranks at once" in proc.stdout and "✗" in proc.stdout
