@@ -161,6 +161,7 @@ def test_device_table_marks_the_slow_figure():
     report = {
         "device_bench": {
             "seconds": 0.5,
+            "passes": 2,
             "threshold": 0.2,
             "devices": devices,
             "slow": [s.as_dict() for s in found],
@@ -170,7 +171,7 @@ def test_device_table_marks_the_slow_figure():
     console.print(device_table(report))
     text = console.file.getvalue()
     assert "10.000 ✗" in text and text.count("✗") == 2  # the cell and the title's legend
-    assert f"{GPU} (bfloat16)" in text and "more than 20% below the median" in text
+    assert f"{GPU} (bfloat16)" in text and "best of 2; ✗ over 20% below the median" in text
 
 
 def test_smoke_flags_size_skip_and_judge_the_benchmark():
@@ -320,6 +321,19 @@ def test_tcp_pass_goes_on_when_a_leader_cannot_listen(monkeypatch):
     assert errors == ["listen on n2: [Errno 98] Address already in use"]
     assert matrix[0][1] is None and matrix[2][1] is None
     assert all(matrix[i][j] for i, j in ((0, 2), (1, 0), (1, 2), (2, 0)))
+
+
+def test_better_pass_keeps_each_ranks_better_figure():
+    first = [dev(0, 10.0, 5.0), dev(1, 2.0, 9.0), {"rank": 2, "device": GPU, "error": "OOM"}]
+    second = [dev(1, 8.0, 1.0), dev(0, 3.0, None), dev(2, 7.0, 7.0)]
+    better = smoke_device.better_pass(first, second)
+    assert [(d["rank"], d["matmul_tflops"], d["copy_gbps"]) for d in better] == [
+        (0, 10.0, 5.0),
+        (1, 8.0, 9.0),
+        (2, 7.0, 7.0),
+    ]
+    assert "error" not in better[2]  # measured in the second pass
+    assert smoke_device.better_pass(first, []) == first
 
 
 def test_local_address_is_the_route_toward_the_master():

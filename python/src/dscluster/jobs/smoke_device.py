@@ -2,9 +2,10 @@
 """The smoke job's per-device benchmark and raw TCP pass.
 
 - device_bench: a matmul (TFLOPS) and a memory copy (GB/s) timed on this rank's device, on
-  every rank at once (the job calls it between barriers), so a slow GPU, a throttled CPU or
-  a node held to a fraction of its cores shows against its peers (dscluster.smoke.devices
-  judges the gathered figures on the controller).
+  every rank at once (the job calls it between barriers, before and after the training
+  configurations, and keeps each figure's better: better_pass), so a slow GPU, a throttled
+  CPU or a node held to a fraction of its cores shows against its peers
+  (dscluster.smoke.devices judges the gathered figures on the controller).
 - tcp_pass: the raw TCP throughput between node leaders, one direction at a time, over plain
   sockets (no torch, no gloo framing): the ceiling smoke grades gloo/NCCL's point-to-point
   and all-reduce figures against where no published figure applies (a local cluster, plain
@@ -103,6 +104,28 @@ def device_bench(
         "copy_bytes": numel * 4,
         "seconds": seconds,
     }
+
+
+FIGURES = ("matmul_tflops", "copy_gbps")
+
+
+def better_pass(first: list[dict], second: list[dict]) -> list[dict]:
+    """Each rank's better figure of two device passes (matched by rank; a figure either pass
+    lacks is the other's). The passes are minutes apart: a busy moment on a shared host is
+    gone in one of them, a slow device is slow in both."""
+    again = {d.get("rank"): d for d in second}
+    out = []
+    for d in first:
+        merged = dict(d)
+        other = again.get(d.get("rank")) or {}
+        for key in FIGURES:
+            values = [v for v in (d.get(key), other.get(key)) if isinstance(v, int | float)]
+            if values:
+                merged[key] = max(values)
+        if "error" in d and any(key in merged for key in FIGURES):
+            merged.pop("error")
+        out.append(merged)
+    return out
 
 
 # --- raw TCP between node leaders --------------------------------------------------------------

@@ -113,9 +113,10 @@ def device_table(report: dict[str, Any]) -> Table:
     bench = report.get("device_bench") or {}
     slow = {(d["rank"], d["metric"]) for d in bench.get("slow") or []}
     threshold = bench.get("threshold")
-    below = f", ✗ more than {threshold:.0%} below the median" if threshold else ""
+    below = f"; ✗ over {threshold:.0%} below the median" if threshold else ""
     table = Table(
-        title=f"devices (all ranks at once, {bench.get('seconds', '?')} s per figure{below})",
+        title=f"devices (all ranks at once, {bench.get('seconds', '?')} s a figure, best of "
+        f"{bench.get('passes', 1)}{below})",
         title_justify="left",
     )
     for col in ("rank", "host", "local", "device", "matmul TFLOPS", "copy GB/s"):
