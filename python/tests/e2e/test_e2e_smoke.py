@@ -237,7 +237,7 @@ def test_a_node_held_to_a_fraction_of_a_core_is_named_by_the_device_benchmark(
     docker("update", "--cpus", "0.2", container)
     try:
         proc = dsc(
-            "smoke", "-i", str(cluster), "--zero", "2", "--steps", "6", "--no-doctor",
+            "smoke", "-i", str(cluster), "--zero", "2", "--steps", "12", "--no-doctor",
             "--master-port", PORT, timeout=900,
         )  # fmt: skip
     finally:
