@@ -105,6 +105,11 @@ timed new_cluster_cached_s "$OUT/$stamp-new-cluster.log" \
 echo "== the first smoke job on it, then a second (3 ranks, no doctor)"
 timed first_smoke_s "$OUT/$stamp-first-smoke.log" $DSC smoke -i inventories/bench --no-doctor
 timed second_smoke_s "$OUT/$stamp-second-smoke.log" $DSC smoke -i inventories/bench --no-doctor
+# What the smoke job's device benchmark and raw TCP pass (both passes each) cost inside it.
+for k in device_bench tcp; do
+  R[smoke_${k}_s]=$($BIN/python -c "import json,sys; print(json.load(open(sys.argv[1])).get(sys.argv[2], {}).get('wall_s', 'null'))" \
+    inventories/bench/reports/smoke-latest.json $k)
+done
 echo "== one node added to it (local up --nodes 4 + provision --add)"
 timed add_node_s "$OUT/$stamp-add-node.log" \
   bash -c "$DSC local up --name bench --nodes 4 && $DSC provision -i inventories/bench --add bench-n4"

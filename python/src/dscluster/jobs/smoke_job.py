@@ -156,15 +156,19 @@ def device_and_tcp(args, torch, dist, accel, *, device, leaders: list[int]) -> d
     (each left out when skipped)."""
     out: dict[str, Any] = {}
     if args.device_bench_s > 0:
+        t0 = time.perf_counter()
+        devices = device_pass(args, torch, dist, accel, device=device)
         out["device_bench"] = {
             "seconds": args.device_bench_s,
             "scale": args.device_bench_scale,
             "passes": 1,
-            "devices": device_pass(args, torch, dist, accel, device=device),
+            "devices": devices,
+            "wall_s": round(time.perf_counter() - t0, 3),  # what the pass costs the job
         }
+    t0 = time.perf_counter()
     tcp = tcp_pass(args, dist, leaders)
     if tcp is not None:
-        out["tcp"] = tcp
+        out["tcp"] = {**tcp, "wall_s": round(time.perf_counter() - t0, 3)}
     return out
 
 
@@ -192,11 +196,15 @@ def second_device_and_tcp(args, torch, dist, accel, report: dict, *, device, lea
     """The second device and TCP passes, after the configurations: each figure keeps its
     better, as the point-to-point passes do (a busy moment passes, a slow device stays)."""
     if "device_bench" in report:
+        t0 = time.perf_counter()
         again = device_pass(args, torch, dist, accel, device=device)
         devices = smoke_device.better_pass(report["device_bench"]["devices"], again)
-        report["device_bench"].update(passes=2, devices=devices)
+        wall = report["device_bench"]["wall_s"] + time.perf_counter() - t0
+        report["device_bench"].update(passes=2, devices=devices, wall_s=round(wall, 3))
     if "tcp" in report:
+        t0, spent = time.perf_counter(), report["tcp"]["wall_s"]
         report["tcp"] = tcp_pass(args, dist, leaders, first=report["tcp"])
+        report["tcp"]["wall_s"] = round(spent + time.perf_counter() - t0, 3)
 
 
 def tcp_pass(args, dist, leaders: list[int], first: dict | None = None) -> dict | None:
