@@ -128,6 +128,9 @@ def test_health_checks_skip_gpus_and_replay_gives_the_live_verdicts(
     table = dsc("doctor", "--replay", str(out), timeout=60)
     assert table.returncode == 0 and "gpu_count" in table.stdout
     assert table.stdout.strip().splitlines()[-1] == "doctor: every check passed on 3 nodes"
+    # and, below it, why each check skipped: one line per reason
+    skips = [line for line in table.stdout.splitlines() if line.startswith("SKIP ")]
+    assert any("gpu_count" in line and "every node" in line for line in skips), table.stdout
 
 
 def test_round_1_known_hosts_other_deepspeed_shm_libaio(cluster: pathlib.Path):

@@ -123,6 +123,23 @@ def test_a_cpu_cluster_passes_with_the_health_checks_skipped_not_failed():
     assert report.cell("gpu_count", "n1").details == ["no accelerators expected (cpu node)"]
     assert all(report.cell(c, h).status in ("pass", "skip") for c in registry.CHECKS for h in HOSTS)
     assert doctor.summary_line(report) == "doctor: every check passed on 3 nodes"
+    # the table shows "skip"; one line per reason names the checks and where
+    skips = doctor.skip_lines(report)
+    assert "SKIP gpu_count on every node: no accelerators expected (cpu node)" in skips
+    assert len(skips) == len(set(skips))
+
+
+def test_skip_lines_group_by_reason_and_nodes():
+    report = doctor.DoctorReport(hosts=["n1", "n2", "n3"], head="n1", cells={})
+    for host in ("n1", "n2", "n3"):
+        report.cell("ecc", host).add("skip", "nvidia-smi not found")
+        report.cell("pcie", host).add("skip", "nvidia-smi not found")
+    report.cell("fabric", "n2").add("skip", "no fi_info")
+    report.cell("fabric", "n1").add("pass", "")
+    assert doctor.skip_lines(report) == [
+        "SKIP ecc, pcie on every node: nvidia-smi not found",
+        "SKIP fabric on n2: no fi_info",
+    ]
 
 
 def test_findings_become_cells_worst_wins_action_leads_fixes_collected(judges):

@@ -74,7 +74,15 @@ def register(sub) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from ..doctor import GIB, Thresholds, problem_lines, run_doctor, summary_line, table  # noqa: PLC0415
+    from ..doctor import (  # noqa: PLC0415
+        GIB,
+        Thresholds,
+        problem_lines,
+        run_doctor,
+        skip_lines,
+        summary_line,
+        table,
+    )
     from ..doctor.record import check_record_dir, replay  # noqa: PLC0415
     from ..inventory import load, master_port  # noqa: PLC0415
 
@@ -105,6 +113,8 @@ def cmd_doctor(args: argparse.Namespace, out: Console, err: Console) -> int:
         out.print_json(json.dumps(report.to_json()))
     else:
         out.print(table(report, out.width))
+        for line in skip_lines(report):
+            out.print(line, style="dim", markup=False, highlight=False)
         for line in problem_lines(report):
             out.print(line, markup=False, highlight=False)
         out.print(summary_line(report), markup=False, highlight=False)

@@ -39,6 +39,7 @@ from .report import (
     DoctorReport,
     Thresholds,
     problem_lines,
+    skip_lines,
     summary_line,
     table,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "replay",
     "require_healthy",
     "run_doctor",
+    "skip_lines",
     "stdout_json",
     "step_error",
     "summary_line",

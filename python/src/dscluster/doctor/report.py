@@ -194,6 +194,27 @@ def problem_lines(report: DoctorReport) -> list[str]:
     return lines
 
 
+def skip_lines(report: DoctorReport) -> list[str]:
+    """One line per reason a check was skipped and the nodes it was skipped on, naming the
+    checks: a CPU cluster skips every GPU check for the same reason on every node, and one
+    line says so (the table shows only "skip")."""
+    groups: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for check in report.checks:
+        by_reason: dict[str, list[str]] = {}
+        for host in report.hosts:
+            cell = report.cells.get(check, {}).get(host)
+            if cell is not None and cell.status == "skip":
+                why = "; ".join(cell.details) or "no reason given"
+                by_reason.setdefault(why, []).append(host)
+        for why, skipped in by_reason.items():
+            groups.setdefault((why, tuple(skipped)), []).append(check)
+    lines = []
+    for (why, hosts), checks in groups.items():
+        where = "every node" if len(hosts) == len(report.hosts) > 1 else ", ".join(hosts)
+        lines.append(f"SKIP {', '.join(checks)} on {where}: {why}")
+    return lines
+
+
 def summary_line(report: DoctorReport) -> str:
     fails = report.problems("fail")
     if not fails:
