@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import resources
 
-from ..deepspeed_env import parse_env_file
+from ..deepspeed_env import check_env_value, parse_env_file
 from ..errors import DsclusterError
 from ..launch_env import SYSTEM_PATH
 from .launchers import LAUNCHERS, TABLE
@@ -21,6 +21,18 @@ from .select import select_resources
 LOST_NODE_GRACE = 10
 
 
+def with_job_env(env_text: str, job_env: Mapping[str, str]) -> str:
+    """`.deepspeed_env` with the run's own variables set last, over the inventory's lines of
+    the same keys. An empty value is allowed here (DSCLUSTER_CHECKPOINT_TAG with no checkpoint
+    yet): every launcher exports it as empty (DeepSpeed's PDSH runner `export K=; `)."""
+    if not job_env:
+        return env_text
+    for key, value in job_env.items():
+        check_env_value(key, value or "x")  # an empty value: the key alone is checked
+    kept = [line for line in env_text.splitlines() if line.partition("=")[0].strip() not in job_env]
+    return "\n".join([*kept, *(f"{k}={v}" for k, v in job_env.items())]) + "\n"
+
+
 def render_launch_script(
     run_id: str,
     launcher: str,
@@ -30,6 +42,7 @@ def render_launch_script(
     hosts: Sequence[str] = (),
     grace: float = LOST_NODE_GRACE,
     prelude: Sequence[str] = (),
+    checkpoint_dir: str = "",
 ) -> str:
     """What launch.yml runs on the head, in the job directory, as the training user.
 
@@ -37,6 +50,8 @@ def render_launch_script(
     launcher runs under launch_watch.py, which ends it `grace` seconds after a node is
     lost and kills the job's processes left on the other `hosts` (those whose environment
     holds this launch's DSCLUSTER_LAUNCH_TIME, which is not exported to anything else).
+    `checkpoint_dir`: where the watcher reads DeepSpeed's `latest` once the launcher ended
+    (launch --max-restarts), as the training user.
     """
     lines = [
         "#!/bin/bash",
@@ -50,7 +65,10 @@ def render_launch_script(
     ]
     watch = [f"{venv}/bin/python", "-u", "launch_watch.py", "--grace", f"{grace:g}"]
     watch += ["--marker", Raw('"DSCLUSTER_LAUNCH_TIME=$DSCLUSTER_LAUNCH_TIME"')]
-    watch += ["--hosts", ",".join(hosts), "--"]
+    watch += ["--hosts", ",".join(hosts)]
+    if checkpoint_dir:
+        watch += ["--checkpoint-dir", checkpoint_dir]
+    watch += ["--"]
     lines.append(f"exec {shell_join(watch)} {shell_join(argv)}")
     return "\n".join(lines) + "\n"
 
@@ -107,9 +125,9 @@ def build_plan(request: LaunchRequest, site: JobSite) -> Plan:
     )
     # As DeepSpeed: the first selected host (the head unless filtered out) is the master.
     master = next(iter(selected))
-    env = parse_env_file(site.env_text, ".deepspeed_env")
+    env = {**parse_env_file(site.env_text, ".deepspeed_env"), **site.job_env}
     files: Files = {"hostfile": (site.hostfile_text, "0644")}
-    files[".deepspeed_env"] = (site.env_text, "0644")
+    files[".deepspeed_env"] = (with_job_env(site.env_text, site.job_env), "0644")
     head = render(Job(request, site, selected, master, env), files)
     files["launch.sh"] = (
         render_launch_script(
@@ -119,6 +137,7 @@ def build_plan(request: LaunchRequest, site: JobSite) -> Plan:
             head.argv,
             hosts=list(selected),
             prelude=head.prelude,
+            checkpoint_dir=site.job_env.get("DSCLUSTER_CHECKPOINT_DIR", ""),
         ),
         "0755",
     )

@@ -35,7 +35,9 @@ class LaunchRequest:
 @dataclasses.dataclass(frozen=True)
 class JobSite:
     """Where the job runs: pool/accelerators are host -> slots / accelerator kind, in
-    hostfile order, head first; interface is the one the nodes share ("" when they differ)."""
+    hostfile order, head first; interface is the one the nodes share ("" when they differ).
+    job_env: this run's own variables (launch --max-restarts: DSCLUSTER_RESTART, ...), set in
+    the job's `.deepspeed_env` over env_text's, an empty value allowed (restart.py)."""
 
     run_id: str
     job_dir: str
@@ -46,3 +48,4 @@ class JobSite:
     hostfile_text: str
     env_text: str
     interface: str = ""
+    job_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
