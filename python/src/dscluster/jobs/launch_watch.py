@@ -16,6 +16,13 @@ ends the job the same way, after it has said which ranks were still running and 
 rank hung at exit or in a collective: "still running at the time limit: rank 1 on node2
 (python -u train.py)"), which `dscluster launch` puts in its error line.
 
+For `dscluster launch --max-restarts` it also says, on the head's clock (seconds since the
+epoch), when it first saw the job's step marker ("dscluster: first DSCLUSTER_STEP 12 at
+1733371234.567", the line rank 0 prints after each optimizer step: "DSCLUSTER_STEP <n>") and
+when it noticed a lost node ("dscluster: noticed the loss at 1733371230.100"); with
+--checkpoint-dir, once the launcher ended it writes checkpoint_state.json in the job directory:
+DeepSpeed's `latest` there (read without following a link) and the entries of the tag it names.
+
 Exit status: the launcher's own when it ended by itself (128+N for a signal), 1 when the
 watcher ended it because a node was lost. Only the standard library: it runs in the nodes' venv.
 
@@ -33,10 +40,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import queue
 import re
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -61,6 +70,49 @@ MPI_RANK_RE = re.compile(
 # remote daemon." ... "  HNP daemon   : [[...],0] on node head" / "  Remote daemon: [[...],2]
 # on node node3"
 MPI_LOST_DAEMON_RE = re.compile(r"^\s*Remote daemon: \[\[\d+,\d+\],\d+\] on node (?P<host>\S+)")
+
+
+# The job's own line after each optimizer step (rank 0): dscluster launch's first-step time.
+STEP_MARKER_RE = re.compile(r"\bDSCLUSTER_STEP (?P<step>\d+)\b")
+CHECKPOINT_STATE = "checkpoint_state.json"
+# DeepSpeed's `latest` holds one tag; anything longer is not its.
+LATEST_MAX_BYTES = 4096
+# Entries counted in the tag directory: enough to tell empty from written, bounded.
+TAG_ENTRIES_MAX = 100000
+
+
+def checkpoint_state(directory: str) -> dict:
+    """DeepSpeed's `latest` in `directory` and the tag directory it names, neither followed
+    through a link: {"latest": text or None, "tag_entries": count or None, "error": ...}."""
+    state: dict = {"dir": directory, "latest": None, "tag_entries": None, "error": ""}
+    try:
+        fd = os.open(os.path.join(directory, "latest"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return state
+    except OSError as exc:
+        state["error"] = f"latest: {exc.strerror}"
+        return state
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            state["error"] = "latest is not a plain file"
+            return state
+        state["latest"] = os.read(fd, LATEST_MAX_BYTES + 1).decode(errors="replace")
+    finally:
+        os.close(fd)
+    tag = state["latest"].strip()
+    if not tag or "/" in tag or tag in (".", "..") or len(state["latest"]) > LATEST_MAX_BYTES:
+        return state
+    path = os.path.join(directory, tag)
+    if os.path.islink(path) or not os.path.isdir(path):
+        return state
+    count = 0
+    with os.scandir(path) as entries:
+        for _ in entries:
+            count += 1
+            if count >= TAG_ENTRIES_MAX:
+                break
+    state["tag_entries"] = count
+    return state
 
 
 def lost_line(line: str) -> tuple[str, str, bool] | None:
@@ -182,6 +234,7 @@ class Watch:
         self.lost: dict[str, tuple[str, bool]] = {}
         self.lost_at: float | None = None
         self.cut = False  # SIGTERM from the job's time limit
+        self.first_step = False
 
     def say(self, text: str) -> None:
         sys.stdout.write(f"dscluster: {text}\n")
@@ -244,14 +297,30 @@ class Watch:
         rc = 128 - rc if rc < 0 else rc
         if rc != 0 or self.lost:
             self._reap()
+        self._write_checkpoint_state()
         if ended_by_us:
             return 124 if self.cut else 1
         return rc
+
+    def _write_checkpoint_state(self) -> None:
+        """checkpoint_state.json in the job directory, with --checkpoint-dir."""
+        if not self.args.checkpoint_dir:
+            return
+        try:
+            state = checkpoint_state(self.args.checkpoint_dir)
+        except OSError as exc:
+            state = {"dir": self.args.checkpoint_dir, "latest": None, "tag_entries": None}
+            state["error"] = str(exc)
+        with contextlib.suppress(OSError), open(CHECKPOINT_STATE, "w") as f:
+            json.dump(state, f)
 
     def _on_term(self, signum, frame) -> None:
         self.cut = True
 
     def _note(self, line: str) -> None:
+        if not self.first_step and (m := STEP_MARKER_RE.search(line)):
+            self.first_step = True
+            self.say(f"first DSCLUSTER_STEP {m['step']} at {time.time():.3f}")
         found = lost_line(line)
         if found is None:
             return
@@ -261,6 +330,8 @@ class Watch:
         self.lost[host] = (why, unreachable)
         if self.lost_at is None:
             self.lost_at = time.monotonic()
+            if not script_error(why, unreachable):
+                self.say(f"noticed the loss at {time.time():.3f}")
             what = "a rank failed on" if script_error(why, unreachable) else "lost node"
             self.say(
                 f"{what} {host} ({why}); the job ends within {self.args.grace:g} s "
@@ -339,6 +410,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--marker", required=True, help="KEY=VALUE set in the job's environment")
     parser.add_argument("--hosts", required=True, help="the job's nodes, comma-separated")
+    parser.add_argument("--checkpoint-dir", default="", help="where DeepSpeed's `latest` is")
     parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- launcher argv")
     args = parser.parse_args(argv)
     if args.argv[:1] == ["--"]:
