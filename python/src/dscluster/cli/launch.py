@@ -14,6 +14,9 @@ from ..launch.signatures import Match
 from ..launch.watch import ScriptFailure, time_limit_note
 from . import flags
 
+# More restarts than this is a job that should not be restarted blindly.
+MAX_RESTARTS = 100
+
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -67,6 +70,33 @@ def register(sub) -> None:
     p.add_argument(
         "--dry-run", action="store_true", help="print the command and launch files, run nothing"
     )
+    p.add_argument(
+        "--max-restarts",
+        type=validate.count_type(0, MAX_RESTARTS, "a restart count", 3, flag="--max-restarts"),
+        default=0,
+        help="when the job loses nodes, run it again on the nodes left (after doctor checks "
+        "them), up to N times, resuming from the last complete checkpoint "
+        "(DSCLUSTER_RESTART, DSCLUSTER_CHECKPOINT_DIR, DSCLUSTER_CHECKPOINT_TAG in every "
+        "rank; rank 0 prints 'DSCLUSTER_STEP <n>' after each step)",
+    )
+    p.add_argument(
+        "--min-nodes",
+        type=validate.count_type(1, validate.MAX_NODES, "a node count", 2, flag="--min-nodes"),
+        default=1,
+        help="stop instead of restarting when fewer nodes are left (default 1)",
+    )
+    p.add_argument(
+        "--retry-on-error",
+        action="store_true",
+        help="with --max-restarts: also restart after a script error (every node reachable)",
+    )
+    p.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        default="",
+        help="checkpoint directory on the nodes, the same for every attempt (default: "
+        "dscluster_checkpoint_dir/<launch id>, on shared storage where there is one)",
+    )
     flags.no_doctor(p)
     flags.exclude_unhealthy(p)
     flags.program(p)
@@ -82,6 +112,7 @@ def check_launch(args: argparse.Namespace) -> None:
     if not program:
         raise DsclusterError("no script to run; put it after '--': dscluster launch -- train.py")
     flags.check_exclude_unhealthy(args)
+    _check_restarts(args)
     if args.workdir is not None:
         words = _check_workdir(args, program)
     else:
@@ -101,6 +132,28 @@ def check_launch(args: argparse.Namespace) -> None:
     for flag, text in (("--include", args.include), ("--exclude", args.exclude)):
         if text:
             parse_node_specs(text, flag)
+
+
+def _check_restarts(args: argparse.Namespace) -> None:
+    from ..launch.restart import check_checkpoint_dir  # noqa: PLC0415
+
+    if args.retry_on_error and not args.max_restarts:
+        raise DsclusterError(
+            "--retry-on-error retries within --max-restarts N, which is 0; give --max-restarts"
+        )
+    if args.checkpoint_dir:
+        check_checkpoint_dir(args.checkpoint_dir)
+
+
+def _restart_policy(args: argparse.Namespace):
+    from ..launch.restart import RestartPolicy, check_checkpoint_dir  # noqa: PLC0415
+
+    return RestartPolicy(
+        max_restarts=args.max_restarts,
+        min_nodes=args.min_nodes,
+        retry_on_error=args.retry_on_error,
+        checkpoint_dir=check_checkpoint_dir(args.checkpoint_dir) if args.checkpoint_dir else "",
+    )
 
 
 def _check_workdir(args: argparse.Namespace, program: list[str]) -> list[str]:
@@ -150,7 +203,23 @@ def _without(left_out: dict[str, str]) -> str:
     return f"; without {', '.join(left_out)} (--exclude-unhealthy: {who})"
 
 
+def _attempts(result, err: Console) -> str:
+    """launch --max-restarts: the attempts as a table on stderr; the one line's part (why
+    it stopped, the run record)."""
+    from ..launch.restart import attempts_table  # noqa: PLC0415
+
+    record = result.record
+    if record is None:
+        return ""
+    err.print(attempts_table(record))
+    text = f"; {len(record.attempts)} attempt(s)"
+    if record.stopped:
+        text += f", stopped: {record.stopped}"
+    return f"{text}; run record {record.path}"
+
+
 def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from ..doctor.run import survivors_check  # noqa: PLC0415
     from ..inventory import load, master_port  # noqa: PLC0415
     from ..launch import LaunchRequest, launch  # noqa: PLC0415
     from ..launch.modes import plan_options  # noqa: PLC0415
@@ -187,6 +256,10 @@ def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
         out=out,
         console=err,
         preflight=flags.preflight(args, inv, master_port=port, console=err, what="launch"),
+        restart=_restart_policy(args),
+        check_survivors=None
+        if args.no_doctor
+        else survivors_check(inv, master_port=port, console=err),
     )
     if result is None:
         if args.exclude_unhealthy:
@@ -199,10 +272,11 @@ def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
         return 0
     for line in result.log_lines:
         out.print(line, markup=False, highlight=False)
+    attempts = _attempts(result, err)
     if result.rc == 0:
         where = f"ran in {plan.job_dir} on {plan.head}"
         where += f" ({result.project})" if result.project else ""
-        where += _without(result.left_out)
+        where += _without(result.left_out) + attempts
         err.print(
             f"launch {plan.run_id}: job exited 0; log {result.log_path}; {where}",
             markup=False,
@@ -224,7 +298,7 @@ def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
         host, task, msg = result.playbook.failures[0]
         why += f": {task} on {host}: {msg[:200]}"
     why += _signatures(result.signatures, err)
-    why += _without(result.left_out)
+    why += _without(result.left_out) + attempts
     line = f"launch {plan.run_id}: job {why}; log {result.log_path}"
     print(f"dscluster: error: {line}", file=sys.stderr)
     return result.rc

@@ -8,7 +8,9 @@ select.py: resource selection; launchers/: one module per launcher (its argv, ho
 the scripts staged with the job) behind launchers.TABLE; render.py: build_plan, the head's
 launch.sh and the Plan; watch.py: which node a failed launch lost; signatures.py: the known
 failure signatures a failed job's log is matched against, each with its fix; exclude.py: the
-run's site and request without the nodes `--exclude-unhealthy` leaves out; run.py:
+run's site and request without the nodes `--exclude-unhealthy` leaves out; restart.py:
+`--max-restarts`, a job that lost nodes run again without them from its last complete
+checkpoint (the `DSCLUSTER_STEP <n>` line, the run record); run.py:
 `run_job`, the one place that does I/O: it stages the job through playbooks/launch.yml, which
 runs `launch.sh` on the head in the job directory with a bounded `timeout`. All pure but
 run.py.

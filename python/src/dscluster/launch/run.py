@@ -25,6 +25,15 @@ from .exclude import request_without, site_without
 from .launchers.mpi import render_mpi_hostfile
 from .render import Plan, build_plan
 from .request import JobSite, LaunchRequest
+from .restart import (
+    CHECKPOINT_STATE,
+    NODE_LOCAL_NOTE,
+    CheckSurvivors,
+    RestartPolicy,
+    RunRecord,
+    check_min_nodes,
+    run_with_restarts,
+)
 from .signatures import Match, match_signatures
 from .watch import ScriptFailure, lost_nodes, script_failure
 from .workdir import JOB_FILE_NAMES, JOB_TAR, Project, check_names, project_for, write_job_tar
@@ -70,11 +79,12 @@ def plan_for(
     run_id: str,
     *,
     left_out: Mapping[str, str] | None = None,
+    job_env: Mapping[str, str] | None = None,
 ) -> Plan:
     """build_plan of `request` on the inventory and its launch files (rendered, maybe not
     written). `left_out` (host -> its failed checks): the nodes --exclude-unhealthy leaves
     out of this run alone (exclude.py), gone from the job's own hostfile, never from the
-    inventory's."""
+    inventory's. `job_env`: this run's own variables in its `.deepspeed_env` (restart.py)."""
     head_facts = files.facts[0]
     interfaces = {f.interface for f in files.facts}
     site = JobSite(
@@ -87,6 +97,7 @@ def plan_for(
         hostfile_text=files.hostfile_text,
         env_text=files.env_text,
         interface=interfaces.pop() if len(interfaces) == 1 else "",
+        job_env=dict(job_env or {}),
     )
     if left_out:
         site = site_without(site, left_out)
@@ -109,6 +120,8 @@ class JobResult:
     signatures: list[Match] = dataclasses.field(default_factory=list)
     # the nodes --exclude-unhealthy left out of this run: host -> the checks it failed
     left_out: dict[str, str] = dataclasses.field(default_factory=dict)
+    # launch --max-restarts: every attempt, written beside the logs (restart.py)
+    record: RunRecord | None = None
 
 
 def run_job(
@@ -256,6 +269,8 @@ def launch(  # noqa: PLR0913 - how the launch command runs its request, each a k
     out: Console | None = None,
     console: Console | None = None,
     preflight: Preflight | None = None,
+    restart: RestartPolicy | None = None,
+    check_survivors: CheckSurvivors | None = None,
 ) -> tuple[Plan, JobResult | None]:
     """Plan, then (unless dry_run) write the launch files, run `preflight` (doctor) and the
     job. Everything is checked before anything is written; a dry run writes nothing.
@@ -263,7 +278,13 @@ def launch(  # noqa: PLR0913 - how the launch command runs its request, each a k
     shipped with the job and run in (the script relative to it); without it, the script
     alone is staged (or run in place with stage=False). mode_files: the local files the
     launcher's own options stage (launch.modes.plan_options). The nodes `preflight` leaves
-    out (--exclude-unhealthy) are left out of this run's plan (plan_for)."""
+    out (--exclude-unhealthy) are left out of this run's plan (plan_for). `restart`
+    (--max-restarts, restart.py): a job that lost nodes runs again without them, each
+    attempt checked first by `check_survivors` (doctor on the survivors); --min-nodes is
+    checked against this run's nodes before anything is written. Every rank then finds
+    DSCLUSTER_RESTART, DSCLUSTER_CHECKPOINT_DIR and DSCLUSTER_CHECKPOINT_TAG (empty with no
+    checkpoint), and the job's rank 0 prints `DSCLUSTER_STEP <n>` after each optimizer step
+    for the run record's time from a loss to the resumed first step."""
     out = out or Console()
     console = console or Console(stderr=True)
     files = render_launch_files(inv)
@@ -278,6 +299,12 @@ def launch(  # noqa: PLR0913 - how the launch command runs its request, each a k
     # The request's program as the job runs it, in its job directory.
     staged = dataclasses.replace(request, program=program)
     plan = plan_for(inv, files, staged, new_run_id("launch"))
+    record: RunRecord | None = None
+    if restart is not None:
+        check_min_nodes(restart.min_nodes, plan.resources)
+        if restart.active:
+            record = _new_record(inv, restart, plan.run_id)
+            plan = plan_for(inv, files, staged, plan.run_id, job_env=_first_env(record))
     if project is not None:
         check_names(project, [*plan.files, *JOB_FILE_NAMES])
     print_warnings(console, files.warnings)
@@ -295,6 +322,26 @@ def launch(  # noqa: PLR0913 - how the launch command runs its request, each a k
         highlight=False,
     )
     left_out = left_out_of(run_preflight(preflight))
+    if record is not None and restart is not None:
+        return _launch_with_restarts(
+            inv,
+            files,
+            staged,
+            restart,
+            record,
+            left_out=left_out,
+            run=lambda p: run_job(
+                inv,
+                p,
+                stage_files=stage_files,
+                project=project,
+                fetch=[CHECKPOINT_STATE],
+                timeout=timeout,
+                console=console,
+            ),
+            check_survivors=check_survivors,
+            console=console,
+        )
     if left_out:
         plan = plan_for(inv, files, staged, plan.run_id, left_out=left_out)
         console.print(
@@ -307,3 +354,66 @@ def launch(  # noqa: PLR0913 - how the launch command runs its request, each a k
         inv, plan, stage_files=stage_files, project=project, timeout=timeout, console=console
     )
     return plan, dataclasses.replace(result, left_out=left_out)
+
+
+def _new_record(inv: Inventory, policy: RestartPolicy, launch_id: str) -> RunRecord:
+    """The launch's run record, its checkpoint directory chosen (restart.py)."""
+    paths = storage.inventory_paths(inv)
+    return RunRecord(
+        launch_id=launch_id,
+        checkpoint_dir=policy.checkpoint_dir or f"{paths.checkpoint_dir}/{launch_id}",
+        # --checkpoint-dir: the user's word that every node sees the same files there
+        checkpoints_shared=paths.shared or bool(policy.checkpoint_dir),
+        max_restarts=policy.max_restarts,
+        min_nodes=policy.min_nodes,
+        retry_on_error=policy.retry_on_error,
+    )
+
+
+def _first_env(record: RunRecord) -> dict[str, str]:
+    return {
+        "DSCLUSTER_RESTART": "0",
+        "DSCLUSTER_CHECKPOINT_DIR": record.checkpoint_dir,
+        "DSCLUSTER_CHECKPOINT_TAG": "",
+    }
+
+
+def _launch_with_restarts(  # noqa: PLR0913 - launch's parts for the loop
+    inv: Inventory,
+    files: LaunchFiles,
+    staged: LaunchRequest,
+    policy: RestartPolicy,
+    record: RunRecord,
+    *,
+    left_out: dict[str, str],
+    run: Callable[[Plan], JobResult],
+    check_survivors: CheckSurvivors | None,
+    console: Console,
+) -> tuple[Plan, JobResult]:
+    """launch's run under restart.run_with_restarts; the record written beside the logs."""
+    if not record.checkpoints_shared:
+        console.print(
+            NODE_LOCAL_NOTE.format(dir=record.checkpoint_dir), markup=False, highlight=False
+        )
+    if left_out:
+        console.print(
+            f"launch: without {', '.join(left_out)} (--exclude-unhealthy)",
+            markup=False,
+            highlight=False,
+        )
+    try:
+        plan, result = run_with_restarts(
+            policy,
+            record,
+            head=inv.head,
+            plan_attempt=lambda run_id, left, env: plan_for(
+                inv, files, staged, run_id, left_out=left, job_env=env
+            ),
+            run=run,
+            check_survivors=check_survivors,
+            left_out=left_out,
+            console=console,
+        )
+    finally:
+        record.write(inv.directory / "reports")
+    return plan, dataclasses.replace(result, left_out=left_out, record=record)

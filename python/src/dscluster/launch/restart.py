@@ -1,0 +1,390 @@
+"""`dscluster launch --max-restarts N`: a job that lost nodes is launched again on the nodes
+that are left, from its last complete checkpoint, until it ends by itself, N restarts are
+used or fewer than --min-nodes nodes are left; the run record of its attempts.
+
+Each attempt is a run of its own: a new run id (`<launch id>`, then `<launch id>-r1`, ...)
+and job directory, so each attempt's log, hostfile and `.deepspeed_env` stay as they ran;
+what carries over lives in the checkpoint directory, the same for every attempt of a launch.
+Every rank of every launcher gets, through the job's own `.deepspeed_env` (JobSite.job_env):
+
+    DSCLUSTER_RESTART          0 on the first attempt, then 1, 2, ...
+    DSCLUSTER_CHECKPOINT_DIR   the launch's checkpoint directory (below)
+    DSCLUSTER_CHECKPOINT_TAG   the tag to resume from; empty when there is none
+
+The checkpoint directory is `<dscluster_checkpoint_dir>/<launch id>` (on shared storage by
+default, `{dscluster_shared_dir}/dscluster/checkpoints/...`), or --checkpoint-dir. The tag is
+the one DeepSpeed's `latest` file there names (engine.py, DeepSpeedEngine.save_checkpoint:
+global rank 0 writes `latest` after its own _save_checkpoint/_save_zero_checkpoint and the
+checkpoint engine's commit, then all ranks meet in dist.barrier()); a tag directory `latest`
+does not name (a save cut half-way) is never used, and a `latest` naming a missing or empty
+directory means no checkpoint. The head's launch_watch.py reads it as the training user,
+without following a link, once the launcher ended (checkpoint_state.json).
+
+Without shared storage (dscluster_shared_storage: none) checkpoints are node-local
+(DeepSpeed's use_node_local_storage): each node holds its own ranks' ZeRO shards, and a lost
+node's shards are lost with it, so the survivors never hold a complete checkpoint. A restart
+then starts over (DSCLUSTER_CHECKPOINT_TAG empty), said on the console; --checkpoint-dir
+names a directory every node sees as the same files, and the tag is then found as on shared
+storage.
+
+The job says it trained a step by printing `DSCLUSTER_STEP <n>` from rank 0 after each
+optimizer step (STEP_MARKER); the watcher notes, on the head's clock, when it first saw it and
+when it noticed a lost node, and the record holds the seconds from the loss to the next
+attempt's first step (recovery_s). Steps done are read from DeepSpeed's default tag form,
+`global_step<n>`.
+
+Stopping: a script error (every node reachable, ranks exited non-zero) is not retried unless
+--retry-on-error; the time limit (--timeout: exit 124/137) never is; a lost head stops the
+launch (it runs the rendezvous, holds the job directory and is where launch.yml starts
+jobs: no other node can take its place within a launch). Before each restart doctor checks
+the survivors alone, and a node it fails is left out as --exclude-unhealthy would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import pathlib
+import re
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+
+from ..deepspeed_env import ENV_SAFE_VALUE_RE
+from ..errors import DsclusterError
+from ..util import atomic_write
+from .render import Plan
+
+if TYPE_CHECKING:  # run.py imports this module
+    from .run import JobResult
+
+STEP_MARKER = "DSCLUSTER_STEP"
+CHECKPOINT_STATE = "checkpoint_state.json"  # launch_watch.py's, fetched from the job dir
+RESTART_ENV = ("DSCLUSTER_RESTART", "DSCLUSTER_CHECKPOINT_DIR", "DSCLUSTER_CHECKPOINT_TAG")
+GLOBAL_STEP_RE = re.compile(r"global_step(\d+)")
+# launch_watch.py's lines, head clock: the first step marker and a loss it noticed.
+FIRST_STEP_RE = re.compile(rf"^dscluster: first {STEP_MARKER} (?P<step>\d+) at (?P<t>\d+\.\d+)")
+LOSS_NOTICED_RE = re.compile(r"^dscluster: noticed the loss at (?P<t>\d+\.\d+)")
+TIME_LIMIT_RCS = (124, 137)
+NODE_LOCAL_NOTE = (
+    "launch: no shared storage: checkpoints in {dir} are node-local and a lost node's "
+    "shards are lost with it, so a restart after a lost node starts over (no "
+    "DSCLUSTER_CHECKPOINT_TAG); give --checkpoint-dir on a mount every node shares to resume"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartPolicy:
+    """launch's restart flags: max_restarts 0 is one attempt, today's launch exactly."""
+
+    max_restarts: int = 0
+    min_nodes: int = 1
+    retry_on_error: bool = False
+    checkpoint_dir: str = ""  # "" -> <dscluster_checkpoint_dir>/<launch id>
+
+    @property
+    def active(self) -> bool:
+        return self.max_restarts > 0 or bool(self.checkpoint_dir)
+
+
+def check_checkpoint_dir(path: str) -> str:
+    """--checkpoint-dir as given, or one line saying what to give instead."""
+    if (
+        not path.startswith("/")
+        or path.rstrip("/") == ""
+        or not ENV_SAFE_VALUE_RE.match(path)
+        or ":" in path
+        or ".." in path.split("/")
+    ):
+        raise DsclusterError(
+            f"--checkpoint-dir {path!r}: give an absolute path on the nodes other than '/', "
+            "of letters, digits and _ . - / only, e.g. /shared/ckpt/run1"
+        )
+    return path.rstrip("/")
+
+
+def check_min_nodes(min_nodes: int, nodes: Collection[str]) -> None:
+    """--min-nodes against the nodes the run selects, before anything is written."""
+    if min_nodes > len(nodes):
+        raise DsclusterError(
+            f"--min-nodes {min_nodes}: this run has {len(nodes)} node(s) ({', '.join(nodes)}); "
+            f"give --min-nodes {len(nodes)} or fewer"
+        )
+
+
+def complete_tag(latest: str | None, listing: Mapping[str, int]) -> str:
+    """The tag of the last complete checkpoint: the one DeepSpeed's `latest` names (its text,
+    None when there is no such file), when `listing` (tag directory -> its entry count) has
+    it with at least one entry; "" otherwise. Tag directories `latest` does not name are
+    never chosen: a save cut before `latest` was written left them."""
+    tag = (latest or "").strip()
+    if not tag or "/" in tag or tag in (".", "..") or "\n" in tag:
+        return ""
+    return tag if listing.get(tag, 0) > 0 else ""
+
+
+def tag_from_state(text: str) -> str:
+    """complete_tag of launch_watch.py's checkpoint_state.json ("" when unreadable)."""
+    try:
+        state = json.loads(text)
+    except ValueError:
+        return ""
+    if not isinstance(state, dict):
+        return ""
+    latest, entries = state.get("latest"), state.get("tag_entries")
+    if not isinstance(latest, str):
+        return ""
+    count = entries if isinstance(entries, int) else 0
+    return complete_tag(latest, {latest.strip(): count})
+
+
+def steps_of(tag: str) -> int | None:
+    """The step count of DeepSpeed's default tag (`global_step120` -> 120); None otherwise."""
+    m = GLOBAL_STEP_RE.fullmatch(tag.strip())
+    return int(m[1]) if m else None
+
+
+def _watch_time(lines: Sequence[str], pattern: re.Pattern[str]) -> float | None:
+    for line in lines:
+        if m := pattern.match(line):
+            return float(m["t"])
+    return None
+
+
+@dataclasses.dataclass
+class Attempt:
+    """One attempt of a launch, as the run record keeps it (times: seconds since the epoch)."""
+
+    restart: int
+    run_id: str
+    nodes: list[str]
+    started: float
+    resumed_from: str = ""
+    ended: float = 0.0
+    rc: int | None = None
+    ended_why: str = ""
+    tag_at_end: str = ""
+    steps: int | None = None
+    log: str = ""
+    first_step_at: float | None = None  # head clock (launch_watch.py)
+    loss_at: float | None = None  # when this attempt noticed its lost node (head clock, or ours)
+    recovery_s: float | None = None  # from the previous attempt's loss to this first step
+
+    def to_json(self) -> dict:
+        data = dataclasses.asdict(self)
+        for key in ("started", "ended", "first_step_at", "loss_at"):
+            if data[key] is not None:
+                data[key + "_utc"] = _utc(data[key])
+        return data
+
+
+def _utc(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).isoformat(timespec="milliseconds")
+
+
+@dataclasses.dataclass
+class RunRecord:
+    launch_id: str
+    checkpoint_dir: str
+    checkpoints_shared: bool
+    max_restarts: int
+    min_nodes: int
+    retry_on_error: bool
+    attempts: list[Attempt] = dataclasses.field(default_factory=list)
+    stopped: str = ""  # why the launch stopped short of the job's own end ("" when it did not)
+    path: str = ""
+
+    def to_json(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["attempts"] = [a.to_json() for a in self.attempts]
+        return data
+
+    def write(self, reports: pathlib.Path) -> pathlib.Path:
+        path = reports / f"{self.launch_id}.json"
+        self.path = str(path)
+        atomic_write(path, json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
+        return path
+
+
+def attempts_table(record: RunRecord) -> Table:
+    table = Table(title=f"launch {record.launch_id}: attempts", title_justify="left")
+    for name in ("#", "run", "nodes", "ended", "resumed from", "tag at end", "steps", "recovery"):
+        table.add_column(name)
+    for a in record.attempts:
+        table.add_row(
+            str(a.restart),
+            a.run_id,
+            ",".join(a.nodes),
+            a.ended_why,
+            a.resumed_from or "-",
+            a.tag_at_end or "-",
+            "unknown" if a.steps is None else str(a.steps),
+            "-" if a.recovery_s is None else f"{a.recovery_s:.1f} s",
+        )
+    return table
+
+
+def outcome(result: JobResult) -> str:
+    """ok, lost, script error, time limit or failed (staging, the play: never retried)."""
+    if result.rc == 0:
+        return "ok"
+    if result.rc in TIME_LIMIT_RCS:
+        return "time limit"
+    if result.failure is not None:
+        return "script error"
+    if result.lost_nodes:
+        return "lost"
+    return "failed"
+
+
+def ended_why(result: JobResult) -> str:
+    kind = outcome(result)
+    if kind == "lost":
+        return f"lost nodes {','.join(result.lost_nodes)}"
+    if kind == "failed":
+        return f"exited {result.rc}"
+    return kind
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """After an attempt: relaunch on `nodes` (the attempt's, minus those lost), or stop with
+    `why` ("" when the job ended by itself or its failure is the launch's own line)."""
+
+    relaunch: bool
+    nodes: list[str] = dataclasses.field(default_factory=list)
+    why: str = ""
+
+
+def decide(  # noqa: PLR0911 - one return per reason to stop
+    policy: RestartPolicy,
+    result: JobResult,
+    nodes: Sequence[str],
+    head: str,
+    restarts_used: int,
+) -> Decision:
+    """Pure: what follows an attempt on `nodes` that ended as `result`."""
+    kind = outcome(result)
+    if kind in ("ok", "failed"):
+        return Decision(False)
+    if kind == "time limit":
+        return Decision(False, why="the time limit (--timeout) is not retried")
+    if kind == "script error" and not policy.retry_on_error:
+        return Decision(False, why="a script error is not retried (--retry-on-error retries it)")
+    lost = result.lost_nodes if kind == "lost" else {}
+    if head in lost:
+        return Decision(
+            False,
+            why=f"lost the head {head} ({lost[head]}): it runs the rendezvous and holds the "
+            "job directory, so no restart can go on without it",
+        )
+    survivors = [h for h in nodes if h not in lost]
+    if len(survivors) < policy.min_nodes:
+        return Decision(
+            False,
+            why=f"{len(survivors)} node(s) left ({', '.join(survivors) or 'none'}) after losing "
+            f"{', '.join(lost)}, fewer than --min-nodes {policy.min_nodes}",
+        )
+    if restarts_used >= policy.max_restarts:
+        return Decision(False, why=f"{restarts_used} of --max-restarts {policy.max_restarts} used")
+    return Decision(True, nodes=survivors)
+
+
+# plan(run id, nodes left out: host -> why, the run's job_env) -> the attempt's Plan
+PlanAttempt = Callable[[str, Mapping[str, str], Mapping[str, str]], Plan]
+# doctor on the survivors: host -> why, of those it leaves out
+CheckSurvivors = Callable[[Sequence[str]], Mapping[str, str]]
+
+
+def run_with_restarts(  # noqa: PLR0913 - the loop's parts, each injected for its tests
+    policy: RestartPolicy,
+    record: RunRecord,
+    *,
+    head: str,
+    plan_attempt: PlanAttempt,
+    run: Callable[[Plan], JobResult],
+    check_survivors: CheckSurvivors | None,
+    left_out: Mapping[str, str],
+    console: Console,
+    now: Callable[[], float] = time.time,
+) -> tuple[Plan, JobResult]:
+    """Run attempts until one ends without a restart (decide); the last plan and result,
+    with every attempt in `record` (record.stopped: why it stopped short, else "")."""
+    left = dict(left_out)
+    env = {"DSCLUSTER_RESTART": "0", "DSCLUSTER_CHECKPOINT_DIR": record.checkpoint_dir}
+    env["DSCLUSTER_CHECKPOINT_TAG"] = ""
+    plan = plan_attempt(record.launch_id, left, env)
+    loss_at: float | None = None
+    while True:
+        restart, tag = len(record.attempts), env["DSCLUSTER_CHECKPOINT_TAG"]
+        attempt = Attempt(restart, plan.run_id, list(plan.resources), now(), resumed_from=tag)
+        record.attempts.append(attempt)
+        result = run(plan)
+        _finish(attempt, result, now())
+        if loss_at is not None and attempt.first_step_at is not None:
+            attempt.recovery_s = round(attempt.first_step_at - loss_at, 3)
+        decision = decide(policy, result, list(plan.resources), head, restart)
+        if not decision.relaunch:
+            record.stopped = decision.why
+            return plan, result
+        loss_at = attempt.loss_at
+        left.update(result.lost_nodes)
+        nodes = decision.nodes
+        if check_survivors is not None:
+            failing = dict(check_survivors(nodes))
+            record.stopped = _doctor_stops(failing, nodes, head, policy.min_nodes)
+            if record.stopped:
+                return plan, result
+            left.update(failing)
+        # Node-local checkpoints lost the lost node's shards: nothing complete to resume.
+        keep = record.checkpoints_shared or outcome(result) != "lost"
+        env = {
+            **env,
+            "DSCLUSTER_RESTART": str(restart + 1),
+            "DSCLUSTER_CHECKPOINT_TAG": (attempt.tag_at_end or tag) if keep else "",
+        }
+        try:
+            plan = plan_attempt(f"{record.launch_id}-r{restart + 1}", left, env)
+        except DsclusterError as exc:
+            record.stopped = f"the restart cannot be planned: {exc}"
+            return plan, result
+        resumed = env["DSCLUSTER_CHECKPOINT_TAG"]
+        console.print(
+            f"launch: restart {restart + 1} of {policy.max_restarts}: {len(plan.resources)} "
+            f"nodes, {plan.world_size} ranks, run {plan.run_id}, "
+            + (f"resuming from {resumed}" if resumed else "no checkpoint to resume from"),
+            markup=False,
+            highlight=False,
+        )
+
+
+def _finish(attempt: Attempt, result: JobResult, ended: float) -> None:
+    """What an attempt's result tells its record: how it ended, its last checkpoint, the
+    watcher's times."""
+    attempt.ended, attempt.rc = ended, result.rc
+    attempt.ended_why, attempt.log = ended_why(result), str(result.log_path)
+    attempt.tag_at_end = tag_from_state(result.fetched.get(CHECKPOINT_STATE, ""))
+    attempt.steps = steps_of(attempt.tag_at_end) if attempt.tag_at_end else None
+    attempt.first_step_at = _watch_time(result.log_lines, FIRST_STEP_RE)
+    if outcome(result) == "lost":
+        # the watcher's notice on the head's clock; else ours when the attempt ended
+        attempt.loss_at = _watch_time(result.log_lines, LOSS_NOTICED_RE) or ended
+
+
+def _doctor_stops(
+    failing: Mapping[str, str], nodes: Sequence[str], head: str, min_nodes: int
+) -> str:
+    """Why doctor's verdict on the survivors stops the launch ("" when it does not)."""
+    if head in failing:
+        return f"doctor fails the head {head} ({failing[head]})"
+    still = [h for h in nodes if h not in failing]
+    if len(still) < min_nodes:
+        return (
+            f"{len(still)} node(s) left once doctor leaves out {', '.join(failing)}, "
+            f"fewer than --min-nodes {min_nodes}"
+        )
+    return ""
