@@ -523,6 +523,10 @@ def test_launch_restarts_and_writes_the_record(tmp_path, inventory_dir, monkeypa
     assert [a["ended_why"] for a in data["attempts"]] == ["lost nodes node-c", "ok"]
     last = err.strip().splitlines()[-1]
     assert "job exited 0" in last and f"2 attempt(s); run record {record}" in last
+    # the table's rows whole: run ids and node lists are not cut
+    rows = [line for line in err.splitlines() if line.startswith("│")]
+    assert "node-a,node-b,node-c" in rows[0] and "lost nodes node-c" in rows[0]
+    assert f"{data['launch_id']}-r1 " in rows[1] and "global_step2" in rows[1]
     # the inventory's own hostfile keeps node-c
     assert "node-c" in (inventory_dir / "hostfile").read_text()
 

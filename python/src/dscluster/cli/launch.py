@@ -211,7 +211,10 @@ def _attempts(result, err: Console) -> str:
     record = result.record
     if record is None:
         return ""
-    err.print(attempts_table(record))
+    # Wide enough for whole run ids and node lists where stderr is a log, not a terminal.
+    wide = err if err.is_terminal else Console(file=err.file, width=max(err.width, 200))
+    err.print(f"launch {record.launch_id}: attempts", markup=False, highlight=False)
+    wide.print(attempts_table(record))
     text = f"; {len(record.attempts)} attempt(s)"
     if record.stopped:
         text += f", stopped: {record.stopped}"

@@ -211,7 +211,7 @@ class RunRecord:
 
 
 def attempts_table(record: RunRecord) -> Table:
-    table = Table(title=f"launch {record.launch_id}: attempts", title_justify="left")
+    table = Table()
     for name in ("#", "run", "nodes", "ended", "resumed from", "tag at end", "steps", "recovery"):
         table.add_column(name)
     for a in record.attempts:
