@@ -10,3 +10,6 @@ SMOKE_JOB_FILES = (
     "smoke_report.py",
     "smoke_train.py",
 )
+
+# The resumable DeepSpeed job (checkpoints, resumes, reloads at another world size): one file.
+RESUME_JOB_FILES = ("resume_job.py",)
