@@ -6,6 +6,9 @@ its config on synthetic data made here (nothing is downloaded).
     dscluster launch -i INV --launcher accelerate --accelerate-config fsdp_config.yaml \\
         --workdir examples/accelerate -- train.py
 
+With DSCLUSTER_CHECKPOINT_DIR set (`dscluster launch --max-restarts N`), it saves the whole
+state there (accelerator.save_state) every --save-every steps and resumes from the newest.
+
 Every rank prints one `RESULT {...}` line: the number of processes Accelerate itself sees
 (`accelerator.num_processes`), its distributed type, the host, and the first and last loss.
 """
@@ -15,6 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import socket
 import sys
 from typing import NoReturn
@@ -35,12 +40,32 @@ def sequences() -> torch.Tensor:
     return (start + step * torch.arange(SEQ)) % VOCAB
 
 
+def last_state(root: str) -> tuple[int, str | None]:
+    """(step, directory) of the newest complete step_N under root; (0, None) when none."""
+    saved = [int(m[1]) for d in os.listdir(root) if (m := re.fullmatch(r"step_(\d+)", d))]
+    return (max(saved), os.path.join(root, f"step_{max(saved)}")) if saved else (0, None)
+
+
+def save_state(accelerator: Accelerator, root: str, step: int) -> None:
+    """Every rank saves into step_N.tmp; renamed once all have, so a cut-short save is never
+    loaded."""
+    accelerator.save_state(os.path.join(root, f"step_{step}.tmp"))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        final = os.path.join(root, f"step_{step}")
+        shutil.rmtree(final, ignore_errors=True)  # only left by a run that saved this step too
+        os.replace(os.path.join(root, f"step_{step}.tmp"), final)
+    accelerator.wait_for_everyone()
+
+
 def main() -> NoReturn:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=4, help="per process")
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--save-every", type=int, default=10, help="with DSCLUSTER_CHECKPOINT_DIR")
     args = parser.parse_args()
+    resume_dir = os.environ.get("DSCLUSTER_CHECKPOINT_DIR")  # dscluster launch --max-restarts
 
     accelerator = Accelerator()
     set_seed(0)
@@ -62,26 +87,37 @@ def main() -> NoReturn:
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
         optimizer, loader = accelerator.prepare(optimizer, loader)
 
+    done, state = last_state(resume_dir) if resume_dir and os.path.isdir(resume_dir) else (0, None)
+    if state:
+        accelerator.load_state(state)
     losses: list[float] = []
     model.train()
-    while len(losses) < args.steps:
-        for (ids,) in loader:
+    # After a resume, the interrupted epoch is only as long as what was left of it.
+    batches = accelerator.skip_first_batches(loader, done % len(loader)) if done else loader
+    while done + len(losses) < args.steps:
+        for (ids,) in batches:
             loss = model(input_ids=ids, labels=ids).loss
             accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
             # The mean over every process: each rank logs the same global loss.
             losses.append(accelerator.reduce(loss.detach(), reduction="mean").item())
-            if len(losses) == args.steps:
+            if resume_dir:  # the step marker the restart loop times the resumed run by
+                if accelerator.is_main_process:
+                    print(f"DSCLUSTER_STEP {done + len(losses)}", flush=True)
+                if (done + len(losses)) % args.save_every == 0:
+                    save_state(accelerator, resume_dir, done + len(losses))
+            if done + len(losses) == args.steps:
                 break
+        batches = loader
     report = {
         "framework": "accelerate",
         "rank": accelerator.process_index,
         "world_size": accelerator.num_processes,
         "distributed_type": str(accelerator.distributed_type).split(".")[-1],
         "host": socket.gethostname(),
-        "first_loss": losses[0],
-        "last_loss": losses[-1],
+        "first_loss": losses[0] if losses else None,
+        "last_loss": losses[-1] if losses else None,
     }
     print("RESULT " + json.dumps(report), flush=True)
     accelerator.wait_for_everyone()

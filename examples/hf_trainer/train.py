@@ -4,12 +4,16 @@ here (nothing is downloaded), so it runs on any dscluster cluster, CPU-only incl
 
     dscluster launch -i INV --workdir examples/hf_trainer -- train.py --deepspeed ds_config.json
 
+With DSCLUSTER_CHECKPOINT_DIR set (`dscluster launch --max-restarts N`), it saves a
+checkpoint-N there every 10 steps and resumes from the newest complete one.
+
 Every rank prints one `RESULT {...}` line: the world size the Trainer itself sees
 (`args.world_size`), the host, and its first and last logged training loss.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import socket
@@ -61,6 +65,14 @@ def deepspeed_on_cpu() -> list[str]:
     return ["--accelerator_config", json.dumps({"use_configured_state": True})]
 
 
+def last_checkpoint(root: str) -> str | None:
+    """The newest checkpoint-N the Trainer finished (it writes trainer_state.json last)."""
+    done = glob.glob(os.path.join(root, "checkpoint-*", "trainer_state.json"))
+    return max(
+        (os.path.dirname(p) for p in done), key=lambda d: int(d.rsplit("-", 1)[1]), default=None
+    )
+
+
 def main() -> int:
     defaults = ["--output_dir", "out", "--max_steps", "30", "--learning_rate", "3e-3"]
     # One warmup step: the Trainer fills ds_config.json's "auto" warmup_num_steps with it, and
@@ -70,12 +82,15 @@ def main() -> int:
     defaults += ["--per_device_train_batch_size", "4", "--logging_steps", "1"]
     defaults += ["--save_strategy", "no", "--report_to", "none", "--seed", "0"]
     defaults += deepspeed_on_cpu()
+    resume_dir = os.environ.get("DSCLUSTER_CHECKPOINT_DIR")  # dscluster launch --max-restarts
+    if resume_dir:
+        defaults += ["--output_dir", resume_dir, "--save_strategy", "steps", "--save_steps", "10"]
     (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(
         defaults + sys.argv[1:]
     )
     config = GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=64, n_layer=2, n_head=2)
     trainer = Trainer(model=GPT2LMHeadModel(config), args=args, train_dataset=Sequences())
-    trainer.train()
+    trainer.train(resume_from_checkpoint=last_checkpoint(args.output_dir) if resume_dir else None)
     plugin = trainer.accelerator.state.deepspeed_plugin if trainer.is_deepspeed_enabled else None
     zero_stage = plugin.zero_stage if plugin is not None else None
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]

@@ -8,6 +8,9 @@ Slurm's under `srun`). A small GPT-2 built from its config on synthetic data mad
         train.py --devices 2 --nodes 3
     dscluster sbatch -i INV --launcher srun --nodes 3 --slots 2 -- train.py --devices 2 --nodes 3
 
+With DSCLUSTER_CHECKPOINT_DIR set (`dscluster launch --max-restarts N`), a ModelCheckpoint
+keeps last.ckpt there (every --save-every steps) and fit resumes from it (ckpt_path="last").
+
 Every rank prints one `RESULT {...}` line: the world size Lightning itself sees
 (`trainer.world_size`), its global rank, the host, and its first and last loss.
 """
@@ -22,6 +25,7 @@ import sys
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from transformers import GPT2Config, GPT2LMHeadModel
 
 VOCAB, SEQ, SAMPLES = 64, 32, 768
@@ -61,9 +65,12 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=4, help="per process")
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--save-every", type=int, default=10, help="with DSCLUSTER_CHECKPOINT_DIR")
     # DeepSpeed's launcher passes --local_rank=N to every script (LOCAL_RANK is in the env too).
     parser.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    resume_dir = os.environ.get("DSCLUSTER_CHECKPOINT_DIR")  # dscluster launch --max-restarts
+    every = dict(dirpath=resume_dir, save_last=True, every_n_train_steps=args.save_every)
 
     L.seed_everything(0)
     module = TinyGPT(args.lr)
@@ -79,11 +86,12 @@ def main() -> int:
         strategy="ddp",
         max_steps=args.steps,
         logger=False,
-        enable_checkpointing=False,
+        enable_checkpointing=bool(resume_dir),
+        callbacks=[ModelCheckpoint(**every)] if resume_dir else None,
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(module, loader)
+    trainer.fit(module, loader, ckpt_path="last" if resume_dir else None)
     report = {
         "framework": "lightning",
         "rank": trainer.global_rank,
