@@ -24,10 +24,11 @@ builds its engine with `"checkpoint": {"load_universal": true}` and loads that. 
 world size the checkpoint is loaded as saved. The model carries DeepSpeed's
 `universal_checkpoint_info` attribute so every checkpoint it writes can be converted.
 
-The world size (and step, ZeRO stage) of a checkpoint is recorded in `<tag>/dscluster.json`,
-written by rank 0 after save_checkpoint has returned on every rank, so it also marks the tag
-complete: a tag without it (a save cut short by a lost node) is skipped for the newest complete
-one before it.
+The checkpoint directory must be one that every rank sees (shared storage): the ranks check
+that they found the same checkpoint and stop at once if not. The world size (and step, ZeRO
+stage) of a checkpoint is recorded in `<tag>/dscluster.json`, written by rank 0 after
+save_checkpoint has returned on every rank, so it also marks the tag complete: a tag without it
+(a save cut short by a lost node) is skipped for the newest complete one before it.
 
 Rank 0 prints `DSCLUSTER_STEP <n>` after each optimizer step (n: the global step after it; the
 launch's restart loop times the first resumed step from it) and appends one JSON line per step
@@ -245,10 +246,19 @@ def log_step(ckpt_dir: str, record: dict) -> None:
 
 def choose_resume(dist, ckpt_dir: str, world: int) -> tuple[str | None, str | None, bool]:
     """(the tag resumed from, the tag to load, whether as a universal checkpoint); (None, None,
-    False) for a fresh start. Every rank reads the same files (shared storage), so they agree
-    without a collective; rank 0 converts to universal form while the others wait."""
+    False) for a fresh start. Every rank reads the same files (shared storage) and checks that
+    the others found the same; rank 0 converts to universal form while the others wait."""
     tag = resume_tag(ckpt_dir, os.environ.get("DSCLUSTER_CHECKPOINT_TAG", "").strip())
     record = read_marker(ckpt_dir, tag) if tag else None
+    seen: list = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, (tag, record))
+    if any(other != seen[0] for other in seen):
+        # Node-local directories: a rank would load what another cannot see; stop at once.
+        raise SystemExit(
+            f"resume_job: the ranks see different checkpoints in {ckpt_dir} "
+            f"({sorted(set(map(str, seen)))}); it must be one directory every rank sees "
+            "(shared storage)"
+        )
     if tag is None or record is None or int(record["world_size"]) == world:
         return tag, tag, False
     if dist.get_rank() == 0:
