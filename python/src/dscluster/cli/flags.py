@@ -14,6 +14,7 @@ aliases that still parse into the same place:
     --slurm-output     Slurm's own log file, #SBATCH --output (`--output`)
     --accelerate-config / --accelerate-config-kind   launch and sbatch --launcher accelerate
     --no-doctor / --exclude-unhealthy   smoke and launch: skip doctor, or act on its report
+    --nnodes MIN:MAX   launch --launcher torchrun: torchrun's elastic mode
 """
 
 from __future__ import annotations
@@ -180,6 +181,73 @@ def check_exclude_unhealthy(args: argparse.Namespace) -> None:
 
     if args.exclude_unhealthy and args.no_doctor:
         raise DsclusterError(NO_DOCTOR_EXCLUDE)
+
+
+def nnodes_type(text: str) -> tuple[int, int]:
+    """argparse type of --nnodes: `N` or `MIN:MAX` -> (MIN, MAX), 1 <= MIN <= MAX."""
+    raw = str(text).strip()
+    parts = raw.split(":")
+    if len(parts) > 2 or not all(p.isascii() and p.isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"--nnodes {text!r} is not MIN:MAX or N; give whole node counts, e.g. --nnodes 2:3"
+        )
+    low, high = int(parts[0]), int(parts[-1])
+    if low < 1:
+        raise argparse.ArgumentTypeError(
+            f"--nnodes {raw}: a job needs at least 1 node; give MIN from 1, "
+            f"e.g. --nnodes 1:{high or 2}"
+        )
+    if low > high:
+        raise argparse.ArgumentTypeError(
+            f"--nnodes {raw}: MIN {low} is above MAX {high}; give MIN:MAX with MIN <= MAX, "
+            f"e.g. --nnodes {high}:{low}"
+        )
+    if high > validate.MAX_NODES:
+        raise argparse.ArgumentTypeError(
+            f"--nnodes {raw}: MAX is above {validate.MAX_NODES} nodes; give the nodes you select"
+        )
+    return low, high
+
+
+RESTARTS = validate.count_type(0, 1000, "a restart count", 2, flag="--max-restarts")
+
+
+def nnodes(parser: argparse.ArgumentParser) -> None:
+    """launch's --nnodes MIN:MAX (torchrun's elastic mode), and --max-restarts where no other
+    option has defined it yet (it is also the restarts of torchrun's agents)."""
+    parser.add_argument(
+        "--nnodes",
+        metavar="MIN:MAX",
+        type=nnodes_type,
+        default=None,
+        help="--launcher torchrun: torchrun's elastic mode; when a node is lost the agents "
+        "restart the workers (--max-restarts times) on the nodes left while MIN are; MAX is "
+        "the nodes selected. N alone: the N selected nodes, fixed",
+    )
+    if "--max-restarts" not in parser._option_string_actions:
+        parser.add_argument(
+            "--max-restarts",
+            type=RESTARTS,
+            default=0,
+            help="with --nnodes: how many times torchrun's agents restart the workers",
+        )
+
+
+def check_nnodes(args: argparse.Namespace) -> None:
+    """--nnodes is torchrun's: refused with any other launcher."""
+    given = getattr(args, "nnodes", None)
+    if given is not None and args.launcher != "torchrun":
+        low, high = given
+        text = str(low) if low == high else f"{low}:{high}"
+        raise DsclusterError(
+            f"--nnodes {text} is torchrun's elastic mode and --launcher is {args.launcher}; "
+            "add --launcher torchrun or leave --nnodes out"
+        )
+
+
+def torchrun_restarts(args: argparse.Namespace) -> int:
+    """torchrun's own --max-restarts: launch's --max-restarts with --nnodes, else 0."""
+    return int(getattr(args, "max_restarts", 0) or 0) if args.nnodes is not None else 0
 
 
 def preflight(

@@ -99,6 +99,7 @@ def register(sub) -> None:
     )
     flags.no_doctor(p)
     flags.exclude_unhealthy(p)
+    flags.nnodes(p)
     flags.program(p)
     p.set_defaults(func=cmd_launch, check=check_launch)
 
@@ -113,6 +114,7 @@ def check_launch(args: argparse.Namespace) -> None:
         raise DsclusterError("no script to run; put it after '--': dscluster launch -- train.py")
     flags.check_exclude_unhealthy(args)
     _check_restarts(args)
+    flags.check_nnodes(args)
     if args.workdir is not None:
         words = _check_workdir(args, program)
     else:
@@ -246,6 +248,8 @@ def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
         num_nodes=args.num_nodes,
         num_gpus=args.num_gpus,
         master_port=port,
+        nnodes=args.nnodes,
+        torchrun_max_restarts=flags.torchrun_restarts(args),
         **mode,
     )
     plan, result = launch(

@@ -23,8 +23,16 @@ when it noticed a lost node ("dscluster: noticed the loss at 1733371230.100"); w
 --checkpoint-dir, once the launcher ended it writes checkpoint_state.json in the job directory:
 DeepSpeed's `latest` there (read without following a link) and the entries of the tag it names.
 
-Exit status: the launcher's own when it ended by itself (128+N for a signal), 1 when the
-watcher ended it because a node was lost. Only the standard library: it runs in the nodes' venv.
+With --elastic MIN (torchrun --nnodes MIN:MAX) a node whose agent is gone (ssh's error, a
+signal) is left to torchrun while MIN nodes are left: the other agents re-rendezvous and
+restart the workers without it. The watcher looks for the restarted workers on the nodes left
+(GROUP_WORLD_SIZE, the agents of their round, in their environment) and ends the job as above
+when they have not come within --elastic-bound seconds, or when fewer than MIN nodes are left.
+When the agents then finish, pdsh's exit for the lost node alone does not fail the job.
+
+Exit status: the launcher's own when it ended by itself (128+N for a signal; 0 when elastic
+agents finished without the nodes lost), 1 when the watcher ended it because a node was
+lost. Only the standard library: it runs in the nodes' venv.
 
     python launch_watch.py rank -- PYTHON -u SCRIPT ARGS...
 
@@ -173,6 +181,11 @@ RANK_EXITED = "dscluster: rank {rank} exited with code {code}"
 RANK_EXITED_RE = re.compile(r"^dscluster: rank (?P<rank>\d+) exited with code (?P<code>\d+)$")
 # ... and its own command line, which the survey at the time limit does not take for the rank
 RANK_SUPERVISOR_RE = re.compile(r"(?:^|\s)\S*launch_watch\.py rank(?:\s|$)")
+# elastic_probe_command's line for a worker of torchrun's agents: the agents in its round and
+# its restart count, after pdsh's "host: "
+ELASTIC_RE = re.compile(r"^(?P<host>[^:\s]+): dscluster-elastic (?P<agents>\d+) (?P<restart>\d+)$")
+# Seconds between looks for the restarted workers while the agents recover.
+ELASTIC_PROBE_EVERY = 5
 # Signals a rank's supervisor passes on to the rank.
 FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 
@@ -190,6 +203,30 @@ def survey_command(marker: str) -> str:
         '; echo "dscluster-rank $r ${p#/proc/} $a"',
         then=f"echo {SURVEYED}",
     )
+
+
+def elastic_probe_command(marker: str) -> str:
+    """Shell run on a node: 'dscluster-elastic AGENTS RESTART' for each worker of the job that
+    torchrun's agent started (GROUP_WORLD_SIZE and TORCHELASTIC_RESTART_COUNT set)."""
+    return each_marked_process(
+        marker,
+        "e=$(tr '\\0' '\\n' < \"$p/environ\" 2>/dev/null)"
+        "; g=$(printf '%s\\n' \"$e\" | sed -n 's/^GROUP_WORLD_SIZE=\\([0-9]*\\)$/\\1/p')"
+        "; r=$(printf '%s\\n' \"$e\" | sed -n 's/^TORCHELASTIC_RESTART_COUNT=\\([0-9]*\\)$/\\1/p')"
+        '; [ -n "$g" ] && [ -n "$r" ] || continue'
+        '; echo "dscluster-elastic $g $r"',
+    )
+
+
+def restarted_without(lines: list[str], left: int) -> tuple[int, int] | None:
+    """(agents, restart count) of a worker the agents restarted in a round of at most `left`
+    agents (the lost nodes' gone), from elastic_probe_command's lines; None when none is."""
+    found = [
+        (int(m["agents"]), int(m["restart"]))
+        for line in lines
+        if (m := ELASTIC_RE.match(line.rstrip("\n"))) and int(m["agents"]) <= left
+    ]
+    return max(found, key=lambda f: f[1]) if found else None
 
 
 def short_args(args: str, width: int = 120) -> str:
@@ -235,6 +272,13 @@ class Watch:
         self.lost_at: float | None = None
         self.cut = False  # SIGTERM from the job's time limit
         self.first_step = False
+        self.hosts = [h for h in args.hosts.split(",") if h]
+        # --elastic: nodes left to torchrun's agents, waiting for the restart / done without
+        self.pending: dict[str, str] = {}
+        self.recover_by: float | None = None
+        self.probed_at = 0.0
+        self.recovered: set[str] = set()
+        self.exits: dict[str, int] = {}  # pdsh's non-zero exits, per node
 
     def say(self, text: str) -> None:
         sys.stdout.write(f"dscluster: {text}\n")
@@ -277,24 +321,18 @@ class Watch:
                 self._note(line.rstrip("\n"))
             if eof and proc.poll() is not None:
                 break
-            if self.cut:
-                self.say("the job's time limit was reached; ending the launcher")
-                self._survey()
-                self._end(proc)
-                ended_by_us = True
-                break
-            if self.lost_at is not None and time.monotonic() - self.lost_at >= self.args.grace:
-                failed = all(script_error(why, gone) for why, gone in self.lost.values())
-                self.say(
-                    f"ending the launcher {self.args.grace:g} s after "
-                    + ("a rank failed on " if failed else "losing ")
-                    + ", ".join(self.lost)
-                )
+            if self._time_to_end(eof):
                 self._end(proc)
                 ended_by_us = True
                 break
         rc = proc.wait()
         rc = 128 - rc if rc < 0 else rc
+        if rc != 0 and not ended_by_us and self._finished_without_lost():
+            self.say(
+                f"torchrun's agents finished the job on {len(self.hosts) - len(self.exits)} "
+                f"nodes, without {', '.join(self.exits)} (lost); pdsh's exit {rc} was theirs"
+            )
+            rc = 0
         if rc != 0 or self.lost:
             self._reap()
         self._write_checkpoint_state()
@@ -314,6 +352,29 @@ class Watch:
         with contextlib.suppress(OSError), open(CHECKPOINT_STATE, "w") as f:
             json.dump(state, f)
 
+    def _time_to_end(self, eof: bool) -> bool:
+        """True (having said why) once the job is to end: its time limit (the ranks still
+        running surveyed), a lost node's grace over, or (--elastic) the agents' bound."""
+        if self.cut:
+            self.say("the job's time limit was reached; ending the launcher")
+            self._survey()
+            return True
+        if self.pending and not eof and self._elastic_stalled():
+            self.say(
+                "ending the launcher: torchrun's agents did not restart the workers within "
+                f"{self.args.elastic_bound:g} s of losing " + ", ".join(self.pending)
+            )
+            return True
+        if self.lost_at is not None and time.monotonic() - self.lost_at >= self.args.grace:
+            failed = all(script_error(why, gone) for why, gone in self.lost.values())
+            self.say(
+                f"ending the launcher {self.args.grace:g} s after "
+                + ("a rank failed on " if failed else "losing ")
+                + ", ".join(self.lost)
+            )
+            return True
+        return False
+
     def _on_term(self, signum, frame) -> None:
         self.cut = True
 
@@ -325,9 +386,13 @@ class Watch:
         if found is None:
             return
         host, why, unreachable = found
+        if m := PDSH_EXIT_RE.match(line):
+            self.exits[host] = int(m["code"])
         if host in self.lost:
             return
         self.lost[host] = (why, unreachable)
+        if self._elastic(host, why, unreachable):
+            return
         if self.lost_at is None:
             self.lost_at = time.monotonic()
             if not script_error(why, unreachable):
@@ -337,6 +402,65 @@ class Watch:
                 f"{what} {host} ({why}); the job ends within {self.args.grace:g} s "
                 "unless it ends by itself"
             )
+
+    def _elastic(self, host: str, why: str, unreachable: bool) -> bool:
+        """--elastic: leave a node whose agent is gone (ssh's error, a signal; not an agent
+        that failed by itself) to torchrun while MIN nodes are left; False otherwise."""
+        low = self.args.elastic
+        if not low or not why.startswith("ssh") or script_error(why, unreachable):
+            return False
+        gone = [h for h, (w, u) in self.lost.items() if w.startswith("ssh")]
+        left = len(self.hosts) - len(gone)
+        if left < low:
+            self.say(f"{left} nodes left, fewer than --nnodes MIN {low}")
+            return False
+        self.pending[host] = why
+        if self.recover_by is None:
+            self.recover_by = time.monotonic() + self.args.elastic_bound
+        self.say(
+            f"lost node {host} ({why}); torchrun's agents go on with the {left} nodes left "
+            f"(MIN {low}): the job ends unless they restart the workers within "
+            f"{self.args.elastic_bound:g} s"
+        )
+        return True
+
+    def _elastic_stalled(self) -> bool:
+        """Look for the restarted workers every ELASTIC_PROBE_EVERY s while agents recover:
+        True once the bound passed without them."""
+        now = time.monotonic()
+        if now - self.probed_at >= ELASTIC_PROBE_EVERY:
+            self.probed_at = now
+            gone = {h for h, (w, u) in self.lost.items() if w.startswith("ssh")}
+            left = [h for h in self.hosts if h not in gone]
+            lines = self._pdsh(
+                left,
+                elastic_probe_command(self.args.marker),
+                self.args.survey_timeout,
+                doing="look for the restarted workers",
+            )
+            found = restarted_without(lines or [], len(left))
+            if found is not None:
+                self.say(
+                    f"torchrun restarted the workers without {', '.join(self.pending)}: "
+                    f"{found[0]} nodes, restart {found[1]}"
+                )
+                self.recovered |= set(self.pending)
+                self.pending.clear()
+                self.recover_by = None
+                return False
+        return self.recover_by is not None and now >= self.recover_by
+
+    def _finished_without_lost(self) -> bool:
+        """--elastic: pdsh failed only for nodes the agents restarted the workers without,
+        and MIN or more nodes ended 0 (pdsh names each node that did not)."""
+        failed = {h for h, code in self.exits.items() if code}
+        return (
+            bool(self.args.elastic)
+            and bool(failed)
+            and failed <= self.recovered
+            and len(self.hosts) - len(failed) >= self.args.elastic
+            and set(self.lost) <= self.recovered
+        )
 
     def _end(self, proc: subprocess.Popen) -> None:
         """SIGTERM to the launcher (DeepSpeed's runner then kills its remote launchers),
@@ -411,6 +535,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--marker", required=True, help="KEY=VALUE set in the job's environment")
     parser.add_argument("--hosts", required=True, help="the job's nodes, comma-separated")
     parser.add_argument("--checkpoint-dir", default="", help="where DeepSpeed's `latest` is")
+    parser.add_argument(
+        "--elastic", type=int, default=0, help="torchrun --nnodes MIN: the MIN nodes to go on"
+    )
+    parser.add_argument(
+        "--elastic-bound", type=float, default=300.0, help="seconds for the agents to restart"
+    )
     parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- launcher argv")
     args = parser.parse_args(argv)
     if args.argv[:1] == ["--"]:

@@ -43,6 +43,7 @@ from .launchers.deepspeed import (
 from .launchers.gaudi_spawn import GAUDI_SPAWN_PORT, gaudi_spawn_argv
 from .launchers.mpi import mpi_argv, render_mpi_hostfile, render_mpi_rank_wrapper
 from .launchers.torchrun import (
+    ELASTIC_RESTART_BOUND,
     PDSH_MAX_FAN_OUT,
     render_torchrun_node_script,
     torchrun_argv,
@@ -67,6 +68,7 @@ from .watch import MPI_EXIT_CODE_RE, MPI_PROCESS_RE, lost_nodes
 __all__ = [
     "DEEPSPEED_SAFE_ARG_RE",
     "DS_RANK_WRAPPER",
+    "ELASTIC_RESTART_BOUND",
     "GAUDI_SPAWN_PORT",
     "LAUNCHERS",
     "LAUNCH_TIME",

@@ -7,7 +7,8 @@ torchrun and accelerate count its nodes (--nnodes, --num_machines) and start the
 (pdsh -w), mpirun and gaudi_spawn get their own hostfiles written from it. `.deepspeed_env`
 stays as doctor checked it. The user's own filters are read against what is left: an
 --include or --exclude naming a node left out drops that node, and --num-nodes N with fewer
-than N nodes left refuses the run.
+than N nodes left refuses the run; so does torchrun's --nnodes MIN:MAX with fewer than MIN
+left (with MIN or more, MAX becomes the count left: the elastic job starts on those).
 """
 
 from __future__ import annotations
@@ -58,7 +59,17 @@ def request_without(
             f"{len(pool)} are left once doctor leaves out {_who(left_out)}; lower --num-nodes "
             "or fix them"
         )
-    return dataclasses.replace(request, include=include, exclude=exclude)
+    nnodes = request.nnodes
+    if nnodes is not None and nnodes[1] > len(pool):
+        low, high = nnodes
+        if low > len(pool) or low == high:
+            given = str(low) if low == high else f"{low}:{high}"
+            raise DsclusterError(
+                f"--nnodes {given} needs {low} nodes and {len(pool)} are left once doctor "
+                f"leaves out {_who(left_out)}; lower MIN or fix them"
+            )
+        nnodes = (low, len(pool))
+    return dataclasses.replace(request, include=include, exclude=exclude, nnodes=nnodes)
 
 
 def _kept(flag: str, text: str, left_out: Mapping[str, str]) -> str:

@@ -43,6 +43,7 @@ def render_launch_script(
     grace: float = LOST_NODE_GRACE,
     prelude: Sequence[str] = (),
     checkpoint_dir: str = "",
+    watch_args: Sequence[str] = (),
 ) -> str:
     """What launch.yml runs on the head, in the job directory, as the training user.
 
@@ -51,7 +52,8 @@ def render_launch_script(
     lost and kills the job's processes left on the other `hosts` (those whose environment
     holds this launch's DSCLUSTER_LAUNCH_TIME, which is not exported to anything else).
     `checkpoint_dir`: where the watcher reads DeepSpeed's `latest` once the launcher ended
-    (launch --max-restarts), as the training user.
+    (launch --max-restarts), as the training user. `watch_args`: the launcher's own options
+    to launch_watch.py (HeadCommand.watch).
     """
     lines = [
         "#!/bin/bash",
@@ -68,7 +70,7 @@ def render_launch_script(
     watch += ["--hosts", ",".join(hosts)]
     if checkpoint_dir:
         watch += ["--checkpoint-dir", checkpoint_dir]
-    watch += ["--"]
+    watch += [*watch_args, "--"]
     lines.append(f"exec {shell_join(watch)} {shell_join(argv)}")
     return "\n".join(lines) + "\n"
 
@@ -138,6 +140,7 @@ def build_plan(request: LaunchRequest, site: JobSite) -> Plan:
             hosts=list(selected),
             prelude=head.prelude,
             checkpoint_dir=site.job_env.get("DSCLUSTER_CHECKPOINT_DIR", ""),
+            watch_args=head.watch,
         ),
         "0755",
     )

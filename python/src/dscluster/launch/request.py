@@ -16,7 +16,9 @@ class LaunchRequest:
     program: script + args, relative to the job dir or absolute. include/exclude/num_nodes/
     num_gpus: DeepSpeed's resource filters. accelerate_config(_name): the text and file name
     of the user's accelerate config, else one of accelerate_config_kind is generated.
-    gaudi_spawn: gaudi_spawn.py's path in the job.
+    gaudi_spawn: gaudi_spawn.py's path in the job. nnodes: torchrun's elastic mode
+    (--nnodes MIN:MAX; None: every selected node, fixed), whose agents restart the workers
+    up to torchrun_max_restarts times, on the nodes left when one is lost.
     """
 
     launcher: str
@@ -30,6 +32,8 @@ class LaunchRequest:
     accelerate_config_name: str = ""
     accelerate_config_kind: str = "ddp"
     gaudi_spawn: str = ""
+    nnodes: tuple[int, int] | None = None
+    torchrun_max_restarts: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

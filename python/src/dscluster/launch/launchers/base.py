@@ -57,10 +57,12 @@ class Job:
 
 class HeadCommand(NamedTuple):
     """What a launcher hands build_plan: the head's command, and the shell lines launch.sh
-    runs before it (checks that refuse to start what cannot work, the launcher's setup)."""
+    runs before it (checks that refuse to start what cannot work, the launcher's setup),
+    and the options launch_watch.py gets besides (torchrun's elastic mode: --elastic MIN)."""
 
     argv: list[str]
     prelude: Sequence[str] = ()
+    watch: Sequence[str] = ()
 
 
 def visible_devices(accelerator: str, slots: Sequence[int], total: int) -> dict[str, str]:

@@ -1,29 +1,61 @@
 """--launcher torchrun: one torchrun agent per node (c10d rendezvous on the master), every
-node started by pdsh from the head through one node script; accelerate uses the same."""
+node started by pdsh from the head through one node script; accelerate uses the same.
+
+--nnodes MIN:MAX is torchrun's elastic mode: the agents restart the workers (up to
+--max-restarts times) on the nodes left when one is lost, as long as MIN are; the master's
+agent serves the rendezvous store (is_host), so the master must stay. launch_watch.py gets
+--elastic MIN: it lets the agents go on without a lost node instead of ending the job.
+"""
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
 
+from ...errors import DsclusterError
 from ...storage import SOURCE_SECRETS
 from .base import LAUNCH_TIME, Files, HeadCommand, Job, shell_join
 
 PDSH_MAX_FAN_OUT = 1024  # as DeepSpeed's PDSHRunner
+# Seconds the agents get, once a node is lost, to restart the workers without it (elastic
+# mode): the workers' collective timeout to notice, torch's last call (30 s), the new start.
+ELASTIC_RESTART_BOUND = 300
 
 
-def torchrun_argv(
+def nnodes_text(nnodes: tuple[int, int]) -> str:
+    """--nnodes as torchrun takes it: N for a fixed count, MIN:MAX for elastic."""
+    low, high = nnodes
+    return str(low) if low == high else f"{low}:{high}"
+
+
+def check_nnodes(nnodes: tuple[int, int], selected: int) -> None:
+    """MAX (N) must be the nodes selected: every one runs an agent, and an agent beyond MAX
+    would wait as a spare that pdsh waits for."""
+    low, high = nnodes
+    if high == selected:
+        return
+    given = nnodes_text(nnodes)
+    fix = f"--nnodes {selected}" if low == high else f"--nnodes {min(low, selected)}:{selected}"
+    raise DsclusterError(
+        f"--nnodes {given} does not fit the {selected} nodes selected: torchrun starts one "
+        f"agent on each; give {fix}, or select {high} nodes (--num-nodes {high})"
+    )
+
+
+def torchrun_argv(  # noqa: PLR0913 - one node's torchrun options, each a keyword
     *,
     venv: str,
     master: str,
     master_port: int,
     run_id: str,
-    nnodes: int,
+    nnodes: int | str,
     nproc: int,
     is_master: bool,
     program: Sequence[str],
+    max_restarts: int = 0,
 ) -> list[str]:
-    """One node's torchrun: c10d rendezvous on the master, this node's slot count.
+    """One node's torchrun: c10d rendezvous on the master, this node's slot count; nnodes
+    "MIN:MAX" with max_restarts > 0 is torchrun's elastic mode.
 
     `is_host` tells the master's agent to serve the rendezvous store: torch would otherwise
     guess it from the endpoint's name, which need not be the node's own hostname.
@@ -43,7 +75,7 @@ def torchrun_argv(
         "--rdzv-conf",
         f"is_host={int(is_master)}",
         "--max-restarts",
-        "0",
+        str(max_restarts),
         *program,
     ]
 
@@ -103,6 +135,8 @@ def torchrun_pdsh_argv(
 
 def render(job: Job, files: Files) -> HeadCommand:
     site = job.site
+    nnodes = job.request.nnodes or (len(job.resources),) * 2
+    check_nnodes(nnodes, len(job.resources))
     nodes = {
         host: (
             torchrun_argv(
@@ -110,10 +144,11 @@ def render(job: Job, files: Files) -> HeadCommand:
                 master=job.master,
                 master_port=job.request.master_port,
                 run_id=site.run_id,
-                nnodes=len(job.resources),
+                nnodes=nnodes_text(nnodes),
                 nproc=len(slots),
                 is_master=host == job.master,
                 program=job.request.program,
+                max_restarts=job.request.torchrun_max_restarts,
             ),
             job.devices(host),
         )
@@ -125,4 +160,8 @@ def render(job: Job, files: Files) -> HeadCommand:
         ),
         "0755",
     )
-    return HeadCommand(torchrun_pdsh_argv(list(job.resources), site.job_dir))
+    # Elastic: a node lost leaves the others to the agents while MIN nodes are left.
+    watch = ["--elastic", str(nnodes[0])] if nnodes[0] < nnodes[1] else []
+    if watch:
+        watch += ["--elastic-bound", str(ELASTIC_RESTART_BOUND)]
+    return HeadCommand(torchrun_pdsh_argv(list(job.resources), site.job_dir), watch=watch)
