@@ -318,7 +318,7 @@ class Watch:
                 line = raw.decode(errors="replace")
                 sys.stdout.write(line if line.endswith("\n") else line + "\n")
                 sys.stdout.flush()
-                self._note(line.rstrip("\n"))
+                self._note(line.rstrip("\r\n"))  # ssh's errors end in \r\n
             if eof and proc.poll() is not None:
                 break
             if self._time_to_end(eof):
@@ -441,7 +441,7 @@ class Watch:
             found = restarted_without(lines or [], len(left))
             if found is not None:
                 self.say(
-                    f"torchrun restarted the workers without {', '.join(self.pending)}: "
+                    f"torchrun's agents run the workers without {', '.join(self.pending)}: "
                     f"{found[0]} nodes, restart {found[1]}"
                 )
                 self.recovered |= set(self.pending)

@@ -20,6 +20,11 @@ PDSH_MAX_FAN_OUT = 1024  # as DeepSpeed's PDSHRunner
 # Seconds the agents get, once a node is lost, to restart the workers without it (elastic
 # mode): the workers' collective timeout to notice, torch's last call (30 s), the new start.
 ELASTIC_RESTART_BOUND = 300
+# Where the agents restart workers (--nnodes given): each round's workers get a store of their
+# own. The store shared across rounds hands a restarted worker the addresses of the round
+# before (pytorch#135712: restart counts differ between nodes), so gloo/NCCL connect to ranks
+# long gone.
+FRESH_STORE_EACH_ROUND = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 def nnodes_text(nnodes: tuple[int, int]) -> str:
@@ -150,7 +155,7 @@ def render(job: Job, files: Files) -> HeadCommand:
                 program=job.request.program,
                 max_restarts=job.request.torchrun_max_restarts,
             ),
-            job.devices(host),
+            {**job.devices(host), **(FRESH_STORE_EACH_ROUND if job.request.nnodes else {})},
         )
         for host, slots in job.resources.items()
     }
