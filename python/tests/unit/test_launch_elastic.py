@@ -243,6 +243,12 @@ def test_elastic_watch_ends_the_job_when_the_agents_do_not_restart(tmp_path, fak
         ("3", LOST_H3, "dscluster: 2 nodes left, fewer than --nnodes MIN 3"),
         # an agent that failed by itself (its restarts used up) is no node to go on without
         ("2", "echo 'pdsh@h1: h2: ssh exited with exit code 1'\n", ""),
+        # nor is the master, whose agent serves the rendezvous store
+        (
+            "2",
+            "echo 'pdsh@h1: h1: ssh exited with exit code 255'\n",
+            "dscluster: h1 served torchrun's rendezvous: the agents cannot go on without it",
+        ),
     ],
 )
 def test_elastic_watch_ends_the_job_as_before_otherwise(tmp_path, fake_pdsh, elastic, line, said):

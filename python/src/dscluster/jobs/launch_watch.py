@@ -24,7 +24,8 @@ when it noticed a lost node ("dscluster: noticed the loss at 1733371230.100"); w
 DeepSpeed's `latest` there (read without following a link) and the entries of the tag it names.
 
 With --elastic MIN (torchrun --nnodes MIN:MAX) a node whose agent is gone (ssh's error, a
-signal) is left to torchrun while MIN nodes are left: the other agents re-rendezvous and
+signal) is left to torchrun while MIN nodes are left, unless it is the first of --hosts (the
+master, whose agent serves the rendezvous store): the other agents re-rendezvous and
 restart the workers without it. The watcher looks for the restarted workers on the nodes left
 (GROUP_WORLD_SIZE, the agents of their round, in their environment) and ends the job as above
 when they have not come within --elastic-bound seconds, or when fewer than MIN nodes are left.
@@ -408,6 +409,10 @@ class Watch:
         that failed by itself) to torchrun while MIN nodes are left; False otherwise."""
         low = self.args.elastic
         if not low or not why.startswith("ssh") or script_error(why, unreachable):
+            return False
+        if host == self.hosts[0]:
+            # the first host is torchrun's master: its agent serves the rendezvous store
+            self.say(f"{host} served torchrun's rendezvous: the agents cannot go on without it")
             return False
         gone = [h for h, (w, u) in self.lost.items() if w.startswith("ssh")]
         left = len(self.hosts) - len(gone)
