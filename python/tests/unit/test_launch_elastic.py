@@ -143,6 +143,23 @@ def test_nnodes_with_another_launcher_is_refused(inventory_dir, monkeypatch):
     assert not (inventory_dir / "hostfile").exists()
 
 
+def test_max_restarts_without_nnodes_is_refused(inventory_dir, monkeypatch):
+    monkeypatch.setattr(runner, "run_playbook", _no_playbook)
+    result = run_main(
+        "launch", "-i", str(inventory_dir), "--launcher", "torchrun", "--max-restarts", "2",
+        "--no-doctor", "--", "/opt/train.py",
+    )  # fmt: skip
+    assert one_line_error(result, rc=2) == (
+        "dscluster: error: --max-restarts 2 restarts torchrun's elastic agents, and --nnodes is "
+        "not given; add --launcher torchrun --nnodes MIN:MAX or leave --max-restarts out"
+    )
+    result = run_main(
+        "launch", "-i", str(inventory_dir), "--launcher", "torchrun", "--max-restarts", "-1",
+        "--nnodes", "2:3", "--no-doctor", "--", "/opt/train.py",
+    )  # fmt: skip
+    assert "--max-restarts -1 is out of range" in one_line_error(result, rc=2)
+
+
 def test_nnodes_above_the_inventory_is_refused_before_anything_is_written(
     inventory_dir, monkeypatch
 ):

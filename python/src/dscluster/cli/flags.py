@@ -227,15 +227,25 @@ def nnodes(parser: argparse.ArgumentParser) -> None:
     if "--max-restarts" not in parser._option_string_actions:
         parser.add_argument(
             "--max-restarts",
+            metavar="N",
             type=RESTARTS,
             default=0,
             help="with --nnodes: how many times torchrun's agents restart the workers",
         )
+        # ours alone: it means nothing without --nnodes (check_nnodes refuses that)
+        parser.set_defaults(_restarts_need_nnodes=True)
 
 
 def check_nnodes(args: argparse.Namespace) -> None:
-    """--nnodes is torchrun's: refused with any other launcher."""
+    """--nnodes is torchrun's: refused with any other launcher; --max-restarts where only
+    --nnodes gives it a meaning is refused without it."""
     given = getattr(args, "nnodes", None)
+    restarts = getattr(args, "max_restarts", 0)
+    if given is None and restarts and getattr(args, "_restarts_need_nnodes", False):
+        raise DsclusterError(
+            f"--max-restarts {restarts} restarts torchrun's elastic agents, and --nnodes is not "
+            "given; add --launcher torchrun --nnodes MIN:MAX or leave --max-restarts out"
+        )
     if given is not None and args.launcher != "torchrun":
         low, high = given
         text = str(low) if low == high else f"{low}:{high}"
