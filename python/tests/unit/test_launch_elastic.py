@@ -10,6 +10,7 @@ import time
 import pytest
 
 from dscluster import runner
+from dscluster.cli import flags
 from dscluster.errors import DsclusterError
 from dscluster.launch import ELASTIC_RESTART_BOUND
 
@@ -143,21 +144,39 @@ def test_nnodes_with_another_launcher_is_refused(inventory_dir, monkeypatch):
     assert not (inventory_dir / "hostfile").exists()
 
 
-def test_max_restarts_without_nnodes_is_refused(inventory_dir, monkeypatch):
+def test_with_nnodes_the_agents_restart_and_the_job_is_not_relaunched(inventory_dir):
+    from dscluster import cli  # noqa: PLC0415
+    from dscluster.cli import launch as launch_cli  # noqa: PLC0415
+
+    def parsed(*extra: str):
+        argv = ["launch", "-i", str(inventory_dir), "--launcher", "torchrun", *extra]
+        return cli.build_parser().parse_args([*argv, "--", "/opt/train.py"])
+
+    elastic = parsed("--nnodes", "2:3", "--max-restarts", "2")
+    assert flags.torchrun_restarts(elastic) == 2
+    assert launch_cli._restart_policy(elastic).max_restarts == 0
+    relaunch = parsed("--max-restarts", "2")
+    assert flags.torchrun_restarts(relaunch) == 0
+    assert launch_cli._restart_policy(relaunch).max_restarts == 2
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (("--retry-on-error",), "--retry-on-error relaunches the job, and with --nnodes 2:3 "
+         "torchrun's agents restart the workers after any failure instead; leave "
+         "--retry-on-error out"),
+        (("--min-nodes", "2"), "--min-nodes 2 is the relaunch's; with --nnodes the agents go "
+         "on while MIN nodes are left: give --nnodes 2:3 instead"),
+    ],
+)  # fmt: skip
+def test_the_relaunchs_own_options_are_refused_with_nnodes(inventory_dir, monkeypatch, extra, says):
     monkeypatch.setattr(runner, "run_playbook", _no_playbook)
     result = run_main(
-        "launch", "-i", str(inventory_dir), "--launcher", "torchrun", "--max-restarts", "2",
-        "--no-doctor", "--", "/opt/train.py",
+        "launch", "-i", str(inventory_dir), "--launcher", "torchrun", "--nnodes", "2:3",
+        "--max-restarts", "2", *extra, "--no-doctor", "--", "/opt/train.py",
     )  # fmt: skip
-    assert one_line_error(result, rc=2) == (
-        "dscluster: error: --max-restarts 2 restarts torchrun's elastic agents, and --nnodes is "
-        "not given; add --launcher torchrun --nnodes MIN:MAX or leave --max-restarts out"
-    )
-    result = run_main(
-        "launch", "-i", str(inventory_dir), "--launcher", "torchrun", "--max-restarts", "-1",
-        "--nnodes", "2:3", "--no-doctor", "--", "/opt/train.py",
-    )  # fmt: skip
-    assert "--max-restarts -1 is out of range" in one_line_error(result, rc=2)
+    assert one_line_error(result, rc=2) == f"dscluster: error: {says}"
 
 
 def test_nnodes_above_the_inventory_is_refused_before_anything_is_written(

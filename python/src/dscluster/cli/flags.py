@@ -209,12 +209,9 @@ def nnodes_type(text: str) -> tuple[int, int]:
     return low, high
 
 
-RESTARTS = validate.count_type(0, 1000, "a restart count", 2, flag="--max-restarts")
-
-
 def nnodes(parser: argparse.ArgumentParser) -> None:
-    """launch's --nnodes MIN:MAX (torchrun's elastic mode), and --max-restarts where no other
-    option has defined it yet (it is also the restarts of torchrun's agents)."""
+    """launch's --nnodes MIN:MAX: torchrun's elastic mode, its agents restarting the workers
+    --max-restarts times."""
     parser.add_argument(
         "--nnodes",
         metavar="MIN:MAX",
@@ -224,40 +221,37 @@ def nnodes(parser: argparse.ArgumentParser) -> None:
         "restart the workers (--max-restarts times) on the nodes left while MIN are; MAX is "
         "the nodes selected. N alone: the N selected nodes, fixed",
     )
-    if "--max-restarts" not in parser._option_string_actions:
-        parser.add_argument(
-            "--max-restarts",
-            metavar="N",
-            type=RESTARTS,
-            default=0,
-            help="with --nnodes: how many times torchrun's agents restart the workers",
-        )
-        # ours alone: it means nothing without --nnodes (check_nnodes refuses that)
-        parser.set_defaults(_restarts_need_nnodes=True)
 
 
 def check_nnodes(args: argparse.Namespace) -> None:
-    """--nnodes is torchrun's: refused with any other launcher; --max-restarts where only
-    --nnodes gives it a meaning is refused without it."""
+    """--nnodes is torchrun's: refused with any other launcher, and with the relaunch's own
+    options (its restarts are the agents')."""
     given = getattr(args, "nnodes", None)
-    restarts = getattr(args, "max_restarts", 0)
-    if given is None and restarts and getattr(args, "_restarts_need_nnodes", False):
-        raise DsclusterError(
-            f"--max-restarts {restarts} restarts torchrun's elastic agents, and --nnodes is not "
-            "given; add --launcher torchrun --nnodes MIN:MAX or leave --max-restarts out"
-        )
-    if given is not None and args.launcher != "torchrun":
-        low, high = given
-        text = str(low) if low == high else f"{low}:{high}"
+    if given is None:
+        return
+    low, high = given
+    text = str(low) if low == high else f"{low}:{high}"
+    if args.launcher != "torchrun":
         raise DsclusterError(
             f"--nnodes {text} is torchrun's elastic mode and --launcher is {args.launcher}; "
             "add --launcher torchrun or leave --nnodes out"
+        )
+    # With --nnodes torchrun's agents do the restarts, not launch's relaunch of the job.
+    if getattr(args, "retry_on_error", False):
+        raise DsclusterError(
+            f"--retry-on-error relaunches the job, and with --nnodes {text} torchrun's agents "
+            "restart the workers after any failure instead; leave --retry-on-error out"
+        )
+    if getattr(args, "min_nodes", 1) != 1:
+        raise DsclusterError(
+            f"--min-nodes {args.min_nodes} is the relaunch's; with --nnodes the agents go on "
+            f"while MIN nodes are left: give --nnodes {args.min_nodes}:{high} instead"
         )
 
 
 def torchrun_restarts(args: argparse.Namespace) -> int:
     """torchrun's own --max-restarts: launch's --max-restarts with --nnodes, else 0."""
-    return int(getattr(args, "max_restarts", 0) or 0) if args.nnodes is not None else 0
+    return int(args.max_restarts) if args.nnodes is not None else 0
 
 
 def preflight(

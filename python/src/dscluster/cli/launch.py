@@ -77,7 +77,8 @@ def register(sub) -> None:
         help="when the job loses nodes, run it again on the nodes left (after doctor checks "
         "them), up to N times, resuming from the last complete checkpoint "
         "(DSCLUSTER_RESTART, DSCLUSTER_CHECKPOINT_DIR, DSCLUSTER_CHECKPOINT_TAG in every "
-        "rank; rank 0 prints 'DSCLUSTER_STEP <n>' after each step)",
+        "rank; rank 0 prints 'DSCLUSTER_STEP <n>' after each step); with --launcher "
+        "torchrun --nnodes MIN:MAX, torchrun's agents restart the workers N times instead",
     )
     p.add_argument(
         "--min-nodes",
@@ -151,7 +152,8 @@ def _restart_policy(args: argparse.Namespace):
     from ..launch.restart import RestartPolicy, check_checkpoint_dir  # noqa: PLC0415
 
     return RestartPolicy(
-        max_restarts=args.max_restarts,
+        # with --nnodes torchrun's agents restart the workers; the job is not relaunched
+        max_restarts=0 if args.nnodes is not None else args.max_restarts,
         min_nodes=args.min_nodes,
         retry_on_error=args.retry_on_error,
         checkpoint_dir=check_checkpoint_dir(args.checkpoint_dir) if args.checkpoint_dir else "",

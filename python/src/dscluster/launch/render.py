@@ -33,7 +33,7 @@ def with_job_env(env_text: str, job_env: Mapping[str, str]) -> str:
     return "\n".join([*kept, *(f"{k}={v}" for k, v in job_env.items())]) + "\n"
 
 
-def render_launch_script(
+def render_launch_script(  # noqa: PLR0913 - launch.sh's parts, the launcher's and restarts'
     run_id: str,
     launcher: str,
     venv: str,
