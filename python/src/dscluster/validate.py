@@ -36,6 +36,8 @@ MAX_SLOTS = 1024  # per node: more than any machine has accelerators or sensible
 MAX_NODES = 16_384
 MAX_SECONDS = 7 * 24 * 3600
 MAX_STEPS = 10_000_000
+# --max-restarts (launch, sbatch): more than this is a job that should not be restarted blindly.
+MAX_RESTARTS = 100
 
 
 def _fail(message: str) -> argparse.ArgumentTypeError:

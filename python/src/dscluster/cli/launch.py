@@ -14,9 +14,6 @@ from ..launch.signatures import Match
 from ..launch.watch import ScriptFailure, time_limit_note
 from . import flags
 
-# More restarts than this is a job that should not be restarted blindly.
-MAX_RESTARTS = 100
-
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -72,7 +69,9 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--max-restarts",
-        type=validate.count_type(0, MAX_RESTARTS, "a restart count", 3, flag="--max-restarts"),
+        type=validate.count_type(
+            0, validate.MAX_RESTARTS, "a restart count", 3, flag="--max-restarts"
+        ),
         default=0,
         help="when the job loses nodes, run it again on the nodes left (after doctor checks "
         "them), up to N times, resuming from the last complete checkpoint "
