@@ -27,6 +27,40 @@ else SLURMEnvironment when SLURM_NTASKS is, else LightningEnvironment: NODE_RANK
   script), NODE_RANK/GROUP_RANK/LOCAL_WORLD_SIZE, with Slurm's task ids dropped (the ranks
   are not Slurm tasks; a one-node job runs them in the batch step's environment).
 
+Restarts (`--max-restarts N [--min-nodes M] [--checkpoint-dir DIR]`, launch's restart.py in
+Slurm's terms). Slurm, not dscluster, sees a node fail, so the script leaves the restart to
+it rather than looping inside the allocation (`--no-kill` keeps an allocation with a dead
+node in it, and every launcher here would have to be started again on a node list it
+trims by itself): with `#SBATCH --requeue` (JobRequeue=1, Slurm's default, does the same
+unless the site turned it off) slurmctld puts the job back in the queue when one of its
+nodes fails, keeps its job id, and runs this script again from the top on a new
+allocation, with SLURM_RESTART_COUNT one higher. The script derives nodes, head and slots
+from the allocation it finds, so each attempt runs on whatever Slurm gave it;
+`--nodes=M-N` lets an attempt start on as few as M nodes (Slurm allocates as many as it
+can up to N "without delaying the initiation of the job" -- the first attempt too, so M is
+the fewest the job may ever run on, not only after a loss); fewer than M free keeps the
+requeued job pending where launch would stop. Each attempt exports to every rank (the
+batch step's environment, which srun hands to its tasks and DeepSpeed's launcher to a
+one-node job; in the deepspeed mode also appended to the job's DS_ENV_FILE for pdsh):
+
+    DSCLUSTER_RESTART          ${SLURM_RESTART_COUNT:-0}; past N the script stops in one
+                               line and exits 1, which Slurm does not requeue (a non-zero
+                               exit is requeued only when the site's RequeueExit names it)
+    DSCLUSTER_CHECKPOINT_DIR   --checkpoint-dir, else <base>/$SLURM_JOB_ID: the job id is
+                               the same in every attempt, so is the directory; <base> is
+                               the inventory's dscluster_checkpoint_dir on shared storage,
+                               else $JOB_DIR/checkpoints (the submit dir or --chdir)
+    DSCLUSTER_CHECKPOINT_TAG   the tag DeepSpeed's `latest` there names, when that tag's
+                               directory has entries (restart.complete_tag); else empty
+
+The script reads `latest` itself, before any rank starts, as the job's own user, who
+owns the checkpoint directory (these are that user's own files, not another user's, so
+no privilege is at stake); neither `latest` nor the tag directory is followed through a
+link, as in launch_watch.py. The tag must be a plain name (letters, digits, _ . @ % + = :
+, -), which DeepSpeed's `global_step<n>` is; anything else counts as no checkpoint. A
+script error is never restarted: Slurm requeues on a node failure, not on an exit code
+(launch's --retry-on-error has no Slurm form here).
+
 `render_sbatch` is pure; `write_sbatch` writes the script atomically.
 """
 
@@ -43,10 +77,11 @@ from .errors import DsclusterError
 from .inventory import DEFAULT_MASTER_PORT, master_port_var, plain_var
 from .launch import accelerate
 from .launch.launchers.deepspeed import check_deepspeed_args, render_deepspeed_rank_wrapper
+from .launch.restart import check_checkpoint_dir
 from .launch_env import SYSTEM_PATH
-from .storage import SOURCE_SECRETS
+from .storage import SOURCE_SECRETS, inventory_paths
 from .util import atomic_write
-from .validate import read_text
+from .validate import MAX_RESTARTS, read_text
 
 MODES = ("deepspeed", "torchrun", "srun", "accelerate")
 DEFAULT_VENV = "/opt/dscluster/venv"
@@ -78,10 +113,18 @@ class SbatchOptions:
     accelerate_config: str = ""  # the user's accelerate config text ("": generated)
     accelerate_config_name: str = accelerate.CONFIG_NAME  # .json for a JSON config
     accelerate_config_kind: str = "ddp"
+    max_restarts: int | None = None  # None: no restart block, the script as before
+    min_nodes: int | None = None  # #SBATCH --nodes=MIN-nodes
+    checkpoint_dir: str = ""  # "" -> <checkpoint_base>/$SLURM_JOB_ID
+    checkpoint_base: str = ""  # the inventory's shared dscluster_checkpoint_dir; "" -> job dir
 
     @property
     def port(self) -> int:
         return DEFAULT_MASTER_PORT if self.master_port is None else self.master_port
+
+    @property
+    def restarts(self) -> bool:
+        return self.max_restarts is not None or bool(self.checkpoint_dir)
 
 
 def _check_value(flag: str, value: str | None) -> None:
@@ -128,7 +171,34 @@ def validate(opts: SbatchOptions) -> None:
         )
     for key, value in opts.env.items():
         check_env_value(key, value)
+    _check_restarts(opts)
     _check_mode(opts)
+
+
+def _check_restarts(opts: SbatchOptions) -> None:
+    """--max-restarts, --min-nodes, --checkpoint-dir: the ranges launch's flags have."""
+    if opts.max_restarts is not None and not 0 <= opts.max_restarts <= MAX_RESTARTS:
+        raise DsclusterError(
+            f"--max-restarts {opts.max_restarts} is out of range; give a restart count from "
+            f"0 to {MAX_RESTARTS}, e.g. 3"
+        )
+    if opts.checkpoint_dir:
+        check_checkpoint_dir(opts.checkpoint_dir)
+    if opts.min_nodes is None:
+        return
+    if opts.min_nodes < 1:
+        raise DsclusterError(f"--min-nodes {opts.min_nodes} is out of range; give 1 or more")
+    if not opts.max_restarts:
+        raise DsclusterError(
+            f"--min-nodes {opts.min_nodes} is the fewest nodes a requeued job starts on, and "
+            "--max-restarts is not given or 0; give --max-restarts N"
+        )
+    if opts.nodes is None or opts.min_nodes > opts.nodes:
+        raise DsclusterError(
+            f"--min-nodes {opts.min_nodes} is above --nodes {opts.nodes or '(not given: 1)'}; "
+            f"give --nodes {max(opts.min_nodes, opts.nodes or 1)} or more, or a smaller "
+            "--min-nodes"
+        )
 
 
 def _check_mode(opts: SbatchOptions) -> None:
@@ -171,9 +241,12 @@ def launch_env(opts: SbatchOptions) -> dict[str, str]:
 
 def _sbatch_header(opts: SbatchOptions) -> list[str]:
     lines = ["#!/bin/bash"]
+    nodes: str | int | None = opts.nodes
+    if opts.min_nodes is not None and opts.min_nodes != opts.nodes:
+        nodes = f"{opts.min_nodes}-{opts.nodes}"  # a requeued job may start on fewer
     for flag, value in (
         ("--job-name", opts.job_name),
-        ("--nodes", opts.nodes),
+        ("--nodes", nodes),
         ("--ntasks-per-node", opts.slots),
         ("--gres", opts.gres),
         ("--partition", opts.partition),
@@ -183,6 +256,8 @@ def _sbatch_header(opts: SbatchOptions) -> list[str]:
     ):
         if value is not None:
             lines.append(f"#SBATCH {flag}={value}")
+    if opts.max_restarts:
+        lines.append("#SBATCH --requeue")
     return lines
 
 
@@ -242,7 +317,7 @@ rank_wrapper="$job_dir/ds_rank.$SLURM_JOB_ID.sh"
 cat >"$rank_wrapper" <<'DSCLUSTER_RANK'
 @RANK_WRAPPER@DSCLUSTER_RANK
 chmod 0755 "$rank_wrapper"
-export PDSH_RCMD_TYPE=ssh
+@RESTART_ENV@export PDSH_RCMD_TYPE=ssh
 "$VENV/bin/deepspeed" --hostfile "$hostfile" --launcher pdsh \
   --master_addr "$head_node" --master_port "$PORT" --no_python "$rank_wrapper" \
   @COMMAND@
@@ -299,10 +374,61 @@ srun --nodes="$num_nodes" --ntasks="$num_nodes" --ntasks-per-node=1 \
 """
 
 
+# Restarts: one block after the prelude (the module docstring says what and why).
+_RESTART = r"""
+DSCLUSTER_RESTART=${SLURM_RESTART_COUNT:-0}
+if [[ ! "$DSCLUSTER_RESTART" =~ ^[0-9]+$ ]] || (( DSCLUSTER_RESTART > MAX_RESTARTS )); then
+  echo "dscluster: job $SLURM_JOB_ID restart $DSCLUSTER_RESTART is past --max-restarts" \
+    "$MAX_RESTARTS; not starting it again (checkpoints in $CHECKPOINT_DIR)" >&2
+  exit 1
+fi
+# DeepSpeed's `latest` and the tag it names: this user's own files, no link followed.
+DSCLUSTER_CHECKPOINT_TAG=
+if [ -f "$CHECKPOINT_DIR/latest" ] && [ ! -L "$CHECKPOINT_DIR/latest" ]; then
+  tag=$(cat -- "$CHECKPOINT_DIR/latest") || tag=
+  case $tag in '' | . | .. | *[!A-Za-z0-9_.@%+=:,-]*) tag= ;; esac
+  if [ -n "$tag" ] && [ -d "$CHECKPOINT_DIR/$tag" ] && [ ! -L "$CHECKPOINT_DIR/$tag" ] &&
+    [ -n "$(ls -A -- "$CHECKPOINT_DIR/$tag")" ]; then
+    DSCLUSTER_CHECKPOINT_TAG=$tag
+  fi
+fi
+export DSCLUSTER_RESTART DSCLUSTER_CHECKPOINT_DIR=$CHECKPOINT_DIR DSCLUSTER_CHECKPOINT_TAG
+echo "dscluster: restart $DSCLUSTER_RESTART of --max-restarts $MAX_RESTARTS, checkpoints in" \
+  "$CHECKPOINT_DIR, resuming from ${DSCLUSTER_CHECKPOINT_TAG:-no checkpoint}"
+"""
+
+# The deepspeed mode: pdsh carries only DS_ENV_FILE's lines to the other nodes.
+_RESTART_DS_ENV = r"""printf 'DSCLUSTER_%s\n' "RESTART=$DSCLUSTER_RESTART" \
+  "CHECKPOINT_DIR=$DSCLUSTER_CHECKPOINT_DIR" "CHECKPOINT_TAG=$DSCLUSTER_CHECKPOINT_TAG" \
+  >>"$DS_ENV_FILE"
+"""
+
+
+def render_restart(opts: SbatchOptions) -> str:
+    """The restart block (after the prelude, before the launcher); "" without restarts."""
+    if not opts.restarts:
+        return ""
+    q = shlex.quote
+    if opts.checkpoint_dir:
+        where = q(check_checkpoint_dir(opts.checkpoint_dir))
+    else:
+        base = q(opts.checkpoint_base) if opts.checkpoint_base else '"$JOB_DIR"/checkpoints'
+        where = f'{base}/"$SLURM_JOB_ID"'
+    head = [
+        "",
+        "# Restarts (--max-restarts): Slurm requeues this job when a node of it fails and runs",
+        "# this script again from the top, SLURM_RESTART_COUNT one higher, the job id the same.",
+        f"MAX_RESTARTS={opts.max_restarts or 0}",
+        f"CHECKPOINT_DIR={where}",
+    ]
+    return "\n".join(head) + _RESTART
+
+
 def _fill(opts: SbatchOptions, env_file: str) -> dict[str, str]:
     """What the mode's body template gets."""
     fill = {
         "@ENV_FILE@": env_file,
+        "@RESTART_ENV@": _RESTART_DS_ENV if opts.restarts else "",
         "@COMMAND@": " ".join(shlex.quote(a) for a in opts.command),
         "@RANK_WRAPPER@": render_deepspeed_rank_wrapper(shlex.quote(f"{opts.venv}/bin/python")),
     }
@@ -347,16 +473,18 @@ def render_sbatch(opts: SbatchOptions) -> str:
     body = (modes | {"accelerate": _ACCELERATE})[opts.launcher]
     fill = _fill(opts, env_file)
     body = re.sub("|".join(fill), lambda m: fill[m.group(0)], body)
-    return "\n".join(lines) + "\n" + _PRELUDE + body
+    return "\n".join(lines) + "\n" + _PRELUDE + render_restart(opts) + body
 
 
 def default_script_path(mode: str) -> pathlib.Path:
     return pathlib.Path(f"dscluster-{mode}.sbatch")
 
 
-def inventory_defaults(source: str) -> tuple[str | None, int | None, dict[str, str]]:
-    """(venv, port, .deepspeed_env) from an inventory: dscluster_venv, dscluster_master_port
-    and the .deepspeed_env written beside its hostfile by `dscluster hostfile`."""
+def inventory_defaults(source: str) -> tuple[str | None, int | None, dict[str, str], str]:
+    """(venv, port, .deepspeed_env, checkpoint base) from an inventory: dscluster_venv,
+    dscluster_master_port, the .deepspeed_env written beside its hostfile by `dscluster
+    hostfile`, and dscluster_checkpoint_dir when it is on shared storage ("" when it is
+    node-local: a requeued job's batch host may be another node)."""
     from .inventory import load  # noqa: PLC0415 (runs ansible-inventory)
 
     inv = load(source)
@@ -368,7 +496,8 @@ def inventory_defaults(source: str) -> tuple[str | None, int | None, dict[str, s
         if env_path.is_file()
         else {}
     )
-    return (str(venv) if venv else None), port, env
+    paths = inventory_paths(inv)
+    return (str(venv) if venv else None), port, env, paths.checkpoint_dir if paths.shared else ""
 
 
 def write_sbatch(opts: SbatchOptions, out: pathlib.Path | None = None) -> pathlib.Path:

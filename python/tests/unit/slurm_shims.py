@@ -139,7 +139,8 @@ JOB = """\
 import json, os, sys
 out = sys.argv[sys.argv.index("--out") + 1]
 keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-        "FROM_INVENTORY", "PYTHONUNBUFFERED", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID")
+        "FROM_INVENTORY", "PYTHONUNBUFFERED", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID",
+        "DSCLUSTER_RESTART", "DSCLUSTER_CHECKPOINT_DIR", "DSCLUSTER_CHECKPOINT_TAG")
 record = {k: os.environ.get(k) for k in keys}
 record["argv"] = sys.argv[1:]
 record["path0"] = os.environ["PATH"].split(":")[0]

@@ -46,6 +46,31 @@ def register(sub) -> None:
     p.add_argument("--chdir", help="#SBATCH --chdir; the job's hostfile is written there")
     p.add_argument("--venv", help=f"the nodes' venv (default dscluster_venv or {DEFAULT_VENV})")
     flags.master_port(p, what="rendezvous / master port")
+    p.add_argument(
+        "--max-restarts",
+        type=validate.count_type(
+            0, validate.MAX_RESTARTS, "a restart count", 3, flag="--max-restarts"
+        ),
+        default=None,
+        help="#SBATCH --requeue: when a node of the job fails, Slurm runs it again (the same "
+        "job id) up to N times, each rank finding DSCLUSTER_RESTART, DSCLUSTER_CHECKPOINT_DIR "
+        "and DSCLUSTER_CHECKPOINT_TAG (the last complete checkpoint) to resume from",
+    )
+    p.add_argument(
+        "--min-nodes",
+        type=validate.count_type(1, validate.MAX_NODES, "a node count", 2, flag="--min-nodes"),
+        default=None,
+        help="#SBATCH --nodes=M-N: Slurm may start the job (any attempt) on as few as M of "
+        "the --nodes N rather than wait for N",
+    )
+    p.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        default="",
+        help="checkpoint directory on the nodes, the same for every attempt (default: the "
+        "inventory's dscluster_checkpoint_dir on shared storage, else <job dir>/checkpoints, "
+        "then /<job id>)",
+    )
     flags.out(
         p,
         help="where to write the batch script (default dscluster-<launcher>.sbatch)",
@@ -78,7 +103,13 @@ def check_sbatch(args: argparse.Namespace) -> None:
         check_out_file(default_script_path(args.launcher), "the batch script (-o/--out)")
 
 
-def _options(args: argparse.Namespace, venv: str | None, port: int | None, env: dict):
+def _options(
+    args: argparse.Namespace,
+    venv: str | None,
+    port: int | None,
+    env: dict,
+    checkpoint_base: str = "",
+):
     from ..launch.modes import plan_options  # noqa: PLC0415
     from ..sbatch import SbatchOptions  # noqa: PLC0415
 
@@ -102,6 +133,10 @@ def _options(args: argparse.Namespace, venv: str | None, port: int | None, env: 
         master_port=args.master_port if args.master_port is not None else port,
         env=env,
         origin=f"dscluster sbatch --launcher {args.launcher}",
+        max_restarts=args.max_restarts,
+        min_nodes=args.min_nodes,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_base=checkpoint_base,
         **mode,
     )
 
@@ -109,8 +144,10 @@ def _options(args: argparse.Namespace, venv: str | None, port: int | None, env: 
 def cmd_sbatch(args: argparse.Namespace, out: Console, err: Console) -> int:
     from ..sbatch import inventory_defaults, write_sbatch  # noqa: PLC0415
 
-    venv, port, env = inventory_defaults(args.inventory) if args.inventory else (None, None, {})
-    opts = _options(args, venv, port, env)
+    venv, port, env, base = (
+        inventory_defaults(args.inventory) if args.inventory else (None, None, {}, "")
+    )
+    opts = _options(args, venv, port, env, base)
     path = write_sbatch(opts, pathlib.Path(args.out) if args.out else None)
     out.print(str(path), markup=False, highlight=False)
     return 0
