@@ -377,7 +377,8 @@ srun --nodes="$num_nodes" --ntasks="$num_nodes" --ntasks-per-node=1 \
 # Restarts: one block after the prelude (the module docstring says what and why).
 _RESTART = r"""
 DSCLUSTER_RESTART=${SLURM_RESTART_COUNT:-0}
-if [[ ! "$DSCLUSTER_RESTART" =~ ^[0-9]+$ ]] || (( DSCLUSTER_RESTART > MAX_RESTARTS )); then
+if [[ ! "$DSCLUSTER_RESTART" =~ ^(0|[1-9][0-9]{0,8})$ ]] ||
+  ((DSCLUSTER_RESTART > MAX_RESTARTS)); then
   echo "dscluster: job $SLURM_JOB_ID restart $DSCLUSTER_RESTART is past --max-restarts" \
     "$MAX_RESTARTS; not starting it again (checkpoints in $CHECKPOINT_DIR)" >&2
   exit 1

@@ -119,7 +119,7 @@ def test_block_exports_the_restart_number_and_the_same_dir(tmp_path, count, want
     assert "resuming from no checkpoint" in proc.stdout
 
 
-@pytest.mark.parametrize("count", ["3", "17", "x"])
+@pytest.mark.parametrize("count", ["3", "17", "x", "08", "99999999999999999999"])
 def test_block_past_max_restarts_stops_in_one_line(tmp_path, count):
     proc, got = run_block(tmp_path, restart_opts(), count)
     assert proc.returncode == 1
@@ -287,3 +287,16 @@ def test_refused_in_one_line(tmp_path, argv, needle):
     result = run_main("sbatch", "--launcher", "srun", *argv, "-o", str(script), "--", "job.py")
     assert needle in one_line_error(result, rc=2)
     assert not script.exists()
+
+
+def test_block_takes_only_a_plain_tag_and_runs_nothing_in_it(tmp_path):
+    """A tag DeepSpeed's launcher would pass through a shell changed, or that holds a
+    command, is no checkpoint; nothing in it runs."""
+    ckpt = tmp_path / "ckpt"
+    for tag in ("global step20", "a$(touch pwned)", "a`touch pwned`", "-n"):
+        _tag_dir(ckpt, tag)
+        (ckpt / "latest").write_text(tag)
+        proc, got = run_block(tmp_path, restart_opts(ckpt), "1")
+        assert proc.returncode == 0, proc.stderr
+        assert got["DSCLUSTER_CHECKPOINT_TAG"] == ("-n" if tag == "-n" else ""), tag
+    assert not list(tmp_path.rglob("pwned"))
