@@ -115,12 +115,21 @@ def test_select_resources_errors_are_one_line(kw, message):
 def test_deepspeed_passes_filters_verbatim():
     p = plan("deepspeed", include="h1:0,1@h3")
     assert p.argv == [
-        "/opt/v/bin/deepspeed", "--hostfile", "hostfile", "--launcher", "pdsh",
+        "/opt/v/bin/deepspeed", "--hostfile", "hostfile", "--launcher", "pdsh", "--force_multi",
         "--master_addr", "h1", "--master_port", "29500",
         "--include", "h1:0,1@h3", "--no_python", "./ds_rank.sh", "train.py", "--lr", "0.1",
     ]  # fmt: skip
     assert p.world_size == 3
     assert p.files["hostfile"][0] == "h1 slots=4\nh2 slots=2\nh3 slots=1\n"
+
+
+@pytest.mark.parametrize("kw", [{"include": "h2"}, {"num_nodes": 1}, {"exclude": "h2@h3"}])
+def test_deepspeed_runs_one_node_over_pdsh_too(kw):
+    """DeepSpeed's runner reads .deepspeed_env only for a pdsh run: a one-node run (the last
+    attempt of launch --max-restarts) must be one too, or its ranks miss the job's variables."""
+    p = plan("deepspeed", **kw)
+    assert len(p.resources) == 1
+    assert "--force_multi" in p.argv[: p.argv.index("--no_python")]
 
 
 def test_deepspeed_master_is_first_selected_host_and_filter_is_checked_first():

@@ -41,9 +41,15 @@ def deepspeed_argv(
     num_nodes: int | None = None,
     num_gpus: int | None = None,
 ) -> list[str]:
-    """The deepspeed launcher over pdsh; filters in DeepSpeed's own syntax, verbatim."""
+    """The deepspeed launcher over pdsh; filters in DeepSpeed's own syntax, verbatim.
+
+    --force_multi: over pdsh even on one node. Without it DeepSpeed's runner starts a
+    one-node run locally and reads no .deepspeed_env (it is read for pdsh's exports only),
+    so the ranks would miss the site's variables and the job's own (DSCLUSTER_CHECKPOINT_DIR,
+    DSCLUSTER_LAUNCH_TIME), and their lines pdsh's "host: " prefix the watcher reads."""
     check_deepspeed_args(program)
     argv = [f"{venv}/bin/deepspeed", "--hostfile", "hostfile", "--launcher", "pdsh"]
+    argv += ["--force_multi"]
     argv += ["--master_addr", master, "--master_port", str(master_port)]
     if include:
         argv += ["--include", include]
