@@ -18,6 +18,9 @@
 #      with pip vs uv (install_bench.py on the head, a fresh venv each)
 #   4. time from launch to the first training step: ops pre-built (the cluster venv) vs
 #      JIT-compiled at launch (a throwaway venv on the head with a DeepSpeed built without ops)
+#   5. launch --max-restarts 1 of jobs/resume_job.py with dsc-local-n3 killed after the first
+#      checkpoint: the time from the loss to the resumed job's first step, and the launch's
+#      whole time (n3 is started again after)
 # BENCH_ONLY="demo reconverge ..." runs only the steps named (see step() below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +32,7 @@ stamp=$(date -u +%Y%m%dT%H%M%SZ)
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 declare -A R
 # BENCH_ONLY="reconverge new_cluster bake": only those steps (nodelist demo reconverge doctor
-# new_cluster bake scale user_layer install first_step); empty or unset: all of them.
+# new_cluster bake scale user_layer install first_step restart); empty or unset: all of them.
 step() { [ -z "${BENCH_ONLY:-}" ] || [[ " $BENCH_ONLY " == *" $1 "* ]]; }
 # This hour's speed of the cores (a fixed pure-Python workload's CPU ms, best of 5), at the
 # start and the end: figures of runs made on different hours compare in proportion to it.
@@ -224,6 +227,50 @@ run_one() {  # venv, label
 R[first_step_prebuilt_s]=$(run_one /opt/dscluster/venv prebuilt)
 R[first_step_jit_s]=$(run_one /opt/bench-jit jit)
 docker exec "$head" rm -rf /opt/bench-jit /tmp/bench-ext /tmp/bench-job
+fi
+
+# Last: it kills a node of the local cluster (started again before the step ends). The job
+# runs 3 ranks, ZeRO-2, a checkpoint every 3 steps into the launch's checkpoint directory on the
+# local cluster's shared storage; dsc-local-n3 is killed once the first one is complete, and
+# the resumed attempt (2 nodes, from global_step3 as a universal checkpoint) runs to step 12.
+if step restart; then
+echo "== launch --max-restarts 1: dsc-local-n3 killed after the first checkpoint, resumed on 2 nodes"
+ckpt=/shared/dscluster/checkpoints/bench-restart-$stamp
+log="$OUT/$stamp-restart.log"
+t0=$(now)
+timeout 900 $DSC launch -i inventories/local --max-restarts 1 --master-port 29611 --timeout 600 \
+  --checkpoint-dir "$ckpt" -- python/src/dscluster/jobs/resume_job.py --zero 2 --steps 12 \
+  --save-every 3 --sleep-per-step 1 >"$log" 2>&1 &
+pid=$!
+killed=0
+for _ in $(seq 1200); do  # at most ~10 min for the first checkpoint
+  kill -0 "$pid" 2>/dev/null || break
+  if timeout 60 docker exec dsc-local-n1 test -f "$ckpt/global_step3/dscluster.json"; then
+    docker kill dsc-local-n3 >/dev/null && killed=1
+    break
+  fi
+  sleep 0.5
+done
+rc=0; wait "$pid" || rc=$?
+t1=$(now)
+record=$(grep -o 'run record [^ ;]*\.json' "$log" | tail -1 | cut -d' ' -f3 || true)
+recovery=$([ -n "$record" ] && $BIN/python -c "
+import json, sys
+a = json.load(open(sys.argv[1]))['attempts']
+print(a[1]['recovery_s'] if len(a) == 2 and a[1]['recovery_s'] is not None else '')" "$record" || true)
+if [ $killed = 1 ] && [ $rc = 0 ] && [ -n "$recovery" ]; then
+  R[restart_recovery_s]=$recovery
+  R[restart_total_s]=$(elapsed "$t0" "$t1")
+else
+  R[restart_recovery_s]='"failed"'; R[restart_total_s]='"failed"'
+  echo "   restart failed (killed $killed, exit $rc): see $log"
+fi
+docker start dsc-local-n3 >/dev/null || echo "   docker start dsc-local-n3 failed"
+for _ in $(seq 120); do
+  [ "$(timeout 60 docker exec dsc-local-n3 systemctl is-active ssh 2>/dev/null)" = active ] && break
+  sleep 1
+done
+timeout 120 docker exec dsc-local-n1 rm -rf "$ckpt" || true
 fi
 
 R[calibrate_ms_at_end]=$($BIN/python scripts/bench_cpu.py calibrate-ms)
