@@ -4,6 +4,7 @@ read), the watcher's times and the run record."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -29,6 +30,7 @@ from dscluster.launch.restart import (
     complete_tag,
     decide,
     run_with_restarts,
+    shards_complete,
     steps_of,
     tag_from_state,
 )
@@ -123,6 +125,25 @@ def test_the_tag_latest_names_when_it_has_files():
     assert complete_tag("global_step8\n", {"global_step8": 1}) == "global_step8"
 
 
+def test_a_tag_missing_a_zero_shard_is_not_complete():
+    """DeepSpeed's rank 0 writes `latest` before the other ranks' shards are saved: a node
+    lost then leaves `latest` naming a tag without its shard, or with a cut one."""
+    three = [[0, 0, 1000], [1, 0, 1000], [2, 0, 1000]]
+    state = {"dir": "/c", "latest": "global_step9", "tag_entries": 4, "error": ""}
+    assert tag_from_state(json.dumps({**state, "zero_shards": three}), 3) == "global_step9"
+    assert tag_from_state(json.dumps({**state, "zero_shards": three[:2]}), 3) == ""  # lost n3
+    assert tag_from_state(json.dumps({**state, "zero_shards": three[1:]}), None) == ""  # no 0
+    cut = [[0, 0, 1000], [1, 0, 1000], [2, 0, 300]]
+    assert tag_from_state(json.dumps({**state, "zero_shards": cut}), 3) == ""
+    # a tag the attempt resumed from was written at another size: the grid alone is checked
+    assert tag_from_state(json.dumps({**state, "zero_shards": three}), None) == "global_step9"
+    # ZeRO off (no shards), or an older watcher's state: as before
+    assert tag_from_state(json.dumps(state), 2) == "global_step9"
+    assert shards_complete([[0, 0, 5], [0, 1, 5], [1, 0, 5], [1, 1, 5]], 4)
+    assert not shards_complete([[0, 0, 5], [0, 1, 5], [1, 0, 5]], None)
+    assert not shards_complete([["x", 0, 5]], None)
+
+
 def test_no_checkpoint_without_latest_or_with_a_missing_or_empty_tag():
     # a half-written tag (no `latest` naming it) is never chosen
     assert complete_tag(None, {"global_step10": 4}) == ""
@@ -157,6 +178,20 @@ def test_the_watcher_reads_latest_without_following_links(tmp_path):
     (tmp_path / "latest").write_text("global_step4")
     got = state(str(tmp_path))
     assert (got["latest"], got["tag_entries"]) == ("global_step4", 1)
+    assert got["zero_shards"] == []
+    # each ZeRO shard with its dp and mp rank and size; a link named like one is not counted
+    for dp in (0, 1):
+        (tmp_path / "global_step4" / f"zero_pp_rank_{dp}_mp_rank_00_optim_states.pt").write_text(
+            "y" * 10
+        )
+    (tmp_path / "global_step4" / "bf16_zero_pp_rank_2_mp_rank_00_optim_states.pt").symlink_to(
+        tmp_path / "global_step4" / "mp_rank_00_model_states.pt"
+    )
+    assert state(str(tmp_path))["zero_shards"] == [[0, 0, 10], [1, 0, 10]]
+    assert tag_from_state(json.dumps(state(str(tmp_path))), 2) == "global_step4"
+    assert tag_from_state(json.dumps(state(str(tmp_path))), 3) == ""
+    for f in (tmp_path / "global_step4").glob("*zero_pp_rank*"):
+        f.unlink()
     # `latest` naming an empty tag directory: counted 0, no tag
     (tmp_path / "latest").write_text("global_step6")
     assert tag_from_state(json.dumps(state(str(tmp_path)))) == ""
@@ -316,6 +351,23 @@ def test_the_loss_time_falls_back_to_the_attempts_end():
     assert first.loss_at == first.ended == 1010.0 and second.recovery_s == 40.0
     # no checkpoint yet: the restart starts over
     assert second.resumed_from == "" and "DSCLUSTER_CHECKPOINT_TAG=\n" in loop.env(1)
+
+
+def test_a_checkpoint_the_lost_node_did_not_finish_is_not_resumed_from():
+    """The 2-node attempt leaves `latest` at global_step9 with 3 of its 4 ranks' ZeRO shards
+    (h2 lost mid-save): the next attempt resumes from global_step6, the one it had."""
+    cut = {"latest": "global_step9", "tag_entries": 4, "zero_shards": [[0, 0, 9], [1, 0, 9]]}
+    cut["zero_shards"].append([2, 0, 9])
+    second = dataclasses.replace(
+        job(1, {"h2": "ssh exited with code 255"}), fetched={CHECKPOINT_STATE: json.dumps(cut)}
+    )
+    loop = Loop([job(1, LOST_N3, tag="global_step6"), second, job(0)], max_restarts=2)
+    loop.run()
+    assert [p.world_size for p in loop.plans] == [6, 4, 2]
+    a0, a1, a2 = loop.record.attempts
+    assert (a0.tag_at_end, a1.resumed_from, a1.tag_at_end) == ("global_step6", "global_step6", "")
+    assert a2.resumed_from == "global_step6"
+    assert "DSCLUSTER_CHECKPOINT_TAG=global_step6\n" in loop.env(2)
 
 
 def test_a_lost_head_stops_at_once():

@@ -88,6 +88,9 @@ CHECKPOINT_STATE = "checkpoint_state.json"
 LATEST_MAX_BYTES = 4096
 # Entries counted in the tag directory: enough to tell empty from written, bounded.
 TAG_ENTRIES_MAX = 100000
+# One ZeRO optimizer shard per data-parallel rank (DeepSpeed's _get_zero_ckpt_name; bf16_ with
+# bf16): rank 0 writes `latest` before the others' saves are done, so these say if they are.
+ZERO_SHARD_RE = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt")
 
 
 def checkpoint_state(directory: str) -> dict:
@@ -114,13 +117,17 @@ def checkpoint_state(directory: str) -> dict:
     path = os.path.join(directory, tag)
     if os.path.islink(path) or not os.path.isdir(path):
         return state
-    count = 0
+    count, shards = 0, []
     with os.scandir(path) as entries:
-        for _ in entries:
+        for entry in entries:
             count += 1
+            m = ZERO_SHARD_RE.fullmatch(entry.name)
+            if m and entry.is_file(follow_symlinks=False):
+                shards.append([int(m[1]), int(m[2]), entry.stat(follow_symlinks=False).st_size])
             if count >= TAG_ENTRIES_MAX:
                 break
     state["tag_entries"] = count
+    state["zero_shards"] = sorted(shards)  # [dp rank, mp rank, bytes]: restart.py checks them
     return state
 
 

@@ -127,8 +127,36 @@ def complete_tag(latest: str | None, listing: Mapping[str, int]) -> str:
     return tag if listing.get(tag, 0) > 0 else ""
 
 
-def tag_from_state(text: str) -> str:
-    """complete_tag of launch_watch.py's checkpoint_state.json ("" when unreadable)."""
+def shards_complete(shards: object, world_size: int | None) -> bool:
+    """Whether a tag's ZeRO optimizer shards ([dp rank, mp rank, bytes] each, from
+    launch_watch.py) are all there: DeepSpeed's rank 0 writes `latest` after its own save but
+    before the other ranks' are done (engine.py, save_checkpoint: the closing dist.barrier()
+    comes after), so a node lost in that window leaves `latest` naming a tag without its
+    shard. Complete: every (dp, mp) pair of the grid, none under half the median size (a
+    save cut short), and, given the world size of the attempt that wrote the tag, one shard
+    per rank (pipeline-parallel jobs, whose ranks are not all ZeRO shards, then read as
+    incomplete and resume from the checkpoint before). No shards (ZeRO off): complete."""
+    if not isinstance(shards, list) or not shards:
+        return True
+    try:
+        cells = {(int(dp), int(mp)): int(size) for dp, mp, size in shards}
+    except (TypeError, ValueError):
+        return False
+    dps, mps = {dp for dp, _ in cells}, {mp for _, mp in cells}
+    if dps != set(range(len(dps))) or mps != set(range(len(mps))):
+        return False
+    if len(cells) != len(dps) * len(mps):
+        return False
+    if world_size is not None and len(cells) != world_size:
+        return False
+    sizes = sorted(cells.values())
+    return sizes[0] * 2 >= sizes[len(sizes) // 2]
+
+
+def tag_from_state(text: str, world_size: int | None = None) -> str:
+    """complete_tag of launch_watch.py's checkpoint_state.json ("" when unreadable, or when its
+    ZeRO shards are not all there: shards_complete, against `world_size` when the tag was
+    written by the attempt of that size)."""
     try:
         state = json.loads(text)
     except ValueError:
@@ -137,6 +165,8 @@ def tag_from_state(text: str) -> str:
         return ""
     latest, entries = state.get("latest"), state.get("tag_entries")
     if not isinstance(latest, str):
+        return ""
+    if not shards_complete(state.get("zero_shards"), world_size):
         return ""
     count = entries if isinstance(entries, int) else 0
     return complete_tag(latest, {latest.strip(): count})
@@ -324,7 +354,7 @@ def run_with_restarts(  # noqa: PLR0913 - the loop's parts, each injected for it
         attempt = Attempt(restart, plan.run_id, list(plan.resources), now(), resumed_from=tag)
         record.attempts.append(attempt)
         result = run(plan)
-        _finish(attempt, result, now())
+        _finish(attempt, result, now(), plan.world_size)
         if loss_at is not None and attempt.first_step_at is not None:
             attempt.recovery_s = round(attempt.first_step_at - loss_at, 3)
         decision = decide(policy, result, list(plan.resources), head, restart)
@@ -362,12 +392,15 @@ def run_with_restarts(  # noqa: PLR0913 - the loop's parts, each injected for it
         )
 
 
-def _finish(attempt: Attempt, result: JobResult, ended: float) -> None:
+def _finish(attempt: Attempt, result: JobResult, ended: float, world_size: int) -> None:
     """What an attempt's result tells its record: how it ended, its last checkpoint, the
     watcher's times."""
     attempt.ended, attempt.rc = ended, result.rc
     attempt.ended_why, attempt.log = ended_why(result), str(result.log_path)
-    attempt.tag_at_end = tag_from_state(result.fetched.get(CHECKPOINT_STATE, ""))
+    state = result.fetched.get(CHECKPOINT_STATE, "")
+    # A tag this attempt wrote has one ZeRO shard per rank of it; one it resumed from, its own.
+    written = tag_from_state(state) not in ("", attempt.resumed_from)
+    attempt.tag_at_end = tag_from_state(state, world_size if written else None)
     attempt.steps = steps_of(attempt.tag_at_end) if attempt.tag_at_end else None
     attempt.first_step_at = _watch_time(result.log_lines, FIRST_STEP_RE)
     if outcome(result) == "lost":
