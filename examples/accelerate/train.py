@@ -65,7 +65,10 @@ def main() -> NoReturn:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--save-every", type=int, default=10, help="with DSCLUSTER_CHECKPOINT_DIR")
     args = parser.parse_args()
-    resume_dir = os.environ.get("DSCLUSTER_CHECKPOINT_DIR")  # dscluster launch --max-restarts
+    # Only under launch --max-restarts (DSCLUSTER_RESTART set): every job's .deepspeed_env
+    # names the site's checkpoint dir, and a plain run must not resume an earlier one.
+    restarting = "DSCLUSTER_RESTART" in os.environ
+    resume_dir = os.environ.get("DSCLUSTER_CHECKPOINT_DIR") if restarting else None
 
     accelerator = Accelerator()
     set_seed(0)

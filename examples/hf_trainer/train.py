@@ -82,7 +82,10 @@ def main() -> int:
     defaults += ["--per_device_train_batch_size", "4", "--logging_steps", "1"]
     defaults += ["--save_strategy", "no", "--report_to", "none", "--seed", "0"]
     defaults += deepspeed_on_cpu()
-    resume_dir = os.environ.get("DSCLUSTER_CHECKPOINT_DIR")  # dscluster launch --max-restarts
+    # Only under launch --max-restarts (DSCLUSTER_RESTART set): every job's .deepspeed_env
+    # names the site's checkpoint dir, and a plain run must not resume an earlier one.
+    restarting = "DSCLUSTER_RESTART" in os.environ
+    resume_dir = os.environ.get("DSCLUSTER_CHECKPOINT_DIR") if restarting else None
     if resume_dir:
         defaults += ["--output_dir", resume_dir, "--save_strategy", "steps", "--save_steps", "10"]
     (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(

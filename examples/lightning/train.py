@@ -69,7 +69,10 @@ def main() -> int:
     # DeepSpeed's launcher passes --local_rank=N to every script (LOCAL_RANK is in the env too).
     parser.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    resume_dir = os.environ.get("DSCLUSTER_CHECKPOINT_DIR")  # dscluster launch --max-restarts
+    # Only under launch --max-restarts (DSCLUSTER_RESTART set): every job's .deepspeed_env
+    # names the site's checkpoint dir, and a plain run must not resume an earlier one.
+    restarting = "DSCLUSTER_RESTART" in os.environ
+    resume_dir = os.environ.get("DSCLUSTER_CHECKPOINT_DIR") if restarting else None
     every = dict(dirpath=resume_dir, save_last=True, every_n_train_steps=args.save_every)
 
     L.seed_everything(0)
