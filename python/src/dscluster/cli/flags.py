@@ -15,6 +15,7 @@ aliases that still parse into the same place:
     --accelerate-config / --accelerate-config-kind   launch and sbatch --launcher accelerate
     --no-doctor / --exclude-unhealthy   smoke and launch: skip doctor, or act on its report
     --nnodes MIN:MAX   launch --launcher torchrun: torchrun's elastic mode
+    --max-restarts / --min-nodes / --checkpoint-dir   launch and sbatch: restarts after a lost node
 """
 
 from __future__ import annotations
@@ -181,6 +182,34 @@ def check_exclude_unhealthy(args: argparse.Namespace) -> None:
 
     if args.exclude_unhealthy and args.no_doctor:
         raise DsclusterError(NO_DOCTOR_EXCLUDE)
+
+
+def restart_options(
+    parser: argparse.ArgumentParser,
+    *,
+    max_default: int | None,
+    min_default: int | None,
+    max_help: str,
+    min_help: str,
+    dir_help: str,
+) -> None:
+    """--max-restarts, --min-nodes and --checkpoint-dir, launch's and sbatch's (each says what
+    a restart is for it; the bounds are one)."""
+    parser.add_argument(
+        "--max-restarts",
+        type=validate.count_type(
+            0, validate.MAX_RESTARTS, "a restart count", 3, flag="--max-restarts"
+        ),
+        default=max_default,
+        help=max_help,
+    )
+    parser.add_argument(
+        "--min-nodes",
+        type=validate.count_type(1, validate.MAX_NODES, "a node count", 2, flag="--min-nodes"),
+        default=min_default,
+        help=min_help,
+    )
+    parser.add_argument("--checkpoint-dir", metavar="DIR", default="", help=dir_help)
 
 
 def nnodes_type(text: str) -> tuple[int, int]:

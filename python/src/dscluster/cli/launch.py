@@ -67,35 +67,23 @@ def register(sub) -> None:
     p.add_argument(
         "--dry-run", action="store_true", help="print the command and launch files, run nothing"
     )
-    p.add_argument(
-        "--max-restarts",
-        type=validate.count_type(
-            0, validate.MAX_RESTARTS, "a restart count", 3, flag="--max-restarts"
-        ),
-        default=0,
-        help="when the job loses nodes, run it again on the nodes left (after doctor checks "
+    flags.restart_options(
+        p,
+        max_default=0,
+        min_default=1,
+        max_help="when the job loses nodes, run it again on the nodes left (after doctor checks "
         "them), up to N times, resuming from the last complete checkpoint "
         "(DSCLUSTER_RESTART, DSCLUSTER_CHECKPOINT_DIR, DSCLUSTER_CHECKPOINT_TAG in every "
         "rank; rank 0 prints 'DSCLUSTER_STEP <n>' after each step); with --launcher "
         "torchrun --nnodes MIN:MAX, torchrun's agents restart the workers N times instead",
-    )
-    p.add_argument(
-        "--min-nodes",
-        type=validate.count_type(1, validate.MAX_NODES, "a node count", 2, flag="--min-nodes"),
-        default=1,
-        help="stop instead of restarting when fewer nodes are left (default 1)",
+        min_help="stop instead of restarting when fewer nodes are left (default 1)",
+        dir_help="checkpoint directory on the nodes, the same for every attempt (default: "
+        "dscluster_checkpoint_dir/<launch id>, on shared storage where there is one)",
     )
     p.add_argument(
         "--retry-on-error",
         action="store_true",
         help="with --max-restarts: also restart after a script error (every node reachable)",
-    )
-    p.add_argument(
-        "--checkpoint-dir",
-        metavar="DIR",
-        default="",
-        help="checkpoint directory on the nodes, the same for every attempt (default: "
-        "dscluster_checkpoint_dir/<launch id>, on shared storage where there is one)",
     )
     flags.no_doctor(p)
     flags.exclude_unhealthy(p)

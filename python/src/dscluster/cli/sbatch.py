@@ -46,28 +46,16 @@ def register(sub) -> None:
     p.add_argument("--chdir", help="#SBATCH --chdir; the job's hostfile is written there")
     p.add_argument("--venv", help=f"the nodes' venv (default dscluster_venv or {DEFAULT_VENV})")
     flags.master_port(p, what="rendezvous / master port")
-    p.add_argument(
-        "--max-restarts",
-        type=validate.count_type(
-            0, validate.MAX_RESTARTS, "a restart count", 3, flag="--max-restarts"
-        ),
-        default=None,
-        help="#SBATCH --requeue: when a node of the job fails, Slurm runs it again (the same "
+    flags.restart_options(
+        p,
+        max_default=None,
+        min_default=None,
+        max_help="#SBATCH --requeue: when a node of the job fails, Slurm runs it again (the same "
         "job id) up to N times, each rank finding DSCLUSTER_RESTART, DSCLUSTER_CHECKPOINT_DIR "
         "and DSCLUSTER_CHECKPOINT_TAG (the last complete checkpoint) to resume from",
-    )
-    p.add_argument(
-        "--min-nodes",
-        type=validate.count_type(1, validate.MAX_NODES, "a node count", 2, flag="--min-nodes"),
-        default=None,
-        help="#SBATCH --nodes=M-N: Slurm may start the job (any attempt) on as few as M of "
+        min_help="#SBATCH --nodes=M-N: Slurm may start the job (any attempt) on as few as M of "
         "the --nodes N rather than wait for N",
-    )
-    p.add_argument(
-        "--checkpoint-dir",
-        metavar="DIR",
-        default="",
-        help="checkpoint directory on the nodes, the same for every attempt (default: the "
+        dir_help="checkpoint directory on the nodes, the same for every attempt (default: the "
         "inventory's dscluster_checkpoint_dir on shared storage, else <job dir>/checkpoints, "
         "then /<job id>)",
     )
