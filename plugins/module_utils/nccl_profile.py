@@ -11,11 +11,10 @@ controller.
     nccl_profile.py check-ifname SPEC --fact FILE|-
         -> exit 0 printing the interfaces SPEC selects; exit 1 with one line naming the node
            and the interfaces it does have
-    nccl_profile.py state --fact FILE|- [profile's options] [--file PATH]...
+    nccl_profile.py state --fact FILE|- [profile's options]
         -> {"profile": the profile (its interfaces checked as check-ifname does) or null,
-           "error": why not or null, "files": {PATH: {uid, gid, mode, isdir} or
-           {uid, gid, mode, sha1, text} or null}}: what nccl_env_info returns; exit 0 unless
-           the arguments are wrong
+           "error": why not or null}: what nccl_env_info returns; exit 0 unless the
+           arguments are wrong
 
 FILE is what roles/node_facts/files/accelerators.fact prints. Errors are one line on stderr
 and exit status 1. Standard library only; Python 3.9+ (nodes run their distribution's python3).
@@ -46,12 +45,10 @@ Sources for every value set here (cited again where used):
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
 import socket
-import stat
 import sys
 
 PROFILES = ("efa", "ib", "roce", "ethernet", "cpu", "hpu")
@@ -327,30 +324,14 @@ def build_profile(
 # ---- CLI ----
 
 
-def read_node_file(path: str) -> dict | None:
-    """How PATH reads now: a directory's owner and mode, a file's also with its sha1 (what
-    Ansible's copy compares) and its text; None when it is not there or cannot be read."""
-    try:
-        st = os.stat(path)
-        about = {"uid": st.st_uid, "gid": st.st_gid, "mode": f"{stat.S_IMODE(st.st_mode):04o}"}
-        if stat.S_ISDIR(st.st_mode):
-            return about | {"isdir": True}
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return None
-    return about | {"sha1": hashlib.sha1(data).hexdigest(), "text": data.decode("utf-8", "replace")}
-
-
-def node_state(fact: dict, overrides: object, ofi_dirs: tuple[str, ...], paths: list[str]) -> dict:
-    """The profile (or why there is none: build_profile checks its socket interface as
-    check-ifname does) and how each of PATHS reads now."""
+def node_state(fact: dict, overrides: object, ofi_dirs: tuple[str, ...]) -> dict:
+    """The profile, or why there is none (build_profile checks its socket interface as
+    check-ifname does)."""
     state: dict = {"profile": None, "error": None}
     try:
         state["profile"] = build_profile(fact, overrides, ofi_dirs)  # type: ignore[arg-type]
     except ProfileError as exc:
         state["error"] = str(exc)
-    state["files"] = {path: read_node_file(path) for path in paths}
     return state
 
 
@@ -373,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     prof = sub.add_parser("profile", help="print this node's NCCL/HCCL/gloo profile as JSON")
-    state = sub.add_parser("state", help="the profile, its interfaces and how files read, as JSON")
+    state = sub.add_parser("state", help="the profile and its interfaces, or why not, as JSON")
     for cmd in (prof, state):
         cmd.add_argument("--fact", required=True, help="accelerators fact JSON file, - for stdin")
         cmd.add_argument("--overrides", default="", help="JSON: socket_ifname, profile, env")
@@ -383,7 +364,6 @@ def main(argv: list[str] | None = None) -> int:
             default=[],
             help="where to look for the aws-ofi-nccl plugin (repeatable; default: EFA installer's)",
         )
-    state.add_argument("--file", action="append", default=[], help="a path to read (repeatable)")
     chk = sub.add_parser("check-ifname", help="check an NCCL_SOCKET_IFNAME value on this node")
     chk.add_argument("spec")
     chk.add_argument("--fact", required=True, help="accelerators fact JSON file, - for stdin")
@@ -399,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ProfileError(f"{hostname(fact)}: --overrides is not JSON ({exc})") from exc
         ofi_dirs = tuple(args.ofi_nccl_dir) or OFI_NCCL_DIRS
         if args.command == "state":
-            result = node_state(fact, overrides, ofi_dirs, args.file)
+            result = node_state(fact, overrides, ofi_dirs)
         else:
             result = build_profile(fact, overrides, ofi_dirs)
     except ProfileError as exc:

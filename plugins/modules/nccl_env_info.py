@@ -14,12 +14,11 @@ except ImportError:
 
 DOCUMENTATION = r"""
 module: nccl_env_info
-short_description: Compute a node's NCCL profile and read how the nccl_env files read
+short_description: Compute a node's NCCL profile from its accelerators fact
 description:
   - Computes, in one run on the node, its NCCL / HCCL / gloo profile from its accelerators
     fact (the socket interface checked against the fact's addressed interfaces, the
-    aws-ofi-nccl plugin looked for on the node), and reads how each of I(paths) reads now
-    (owner, group, mode, and a file's sha1 and text).
+    aws-ofi-nccl plugin looked for on the node).
   - Reads only. A profile that cannot work on the node is not a failure of the module; it is
     returned as C(state.error).
 options:
@@ -37,20 +36,14 @@ options:
     type: list
     elements: str
     default: []
-  paths:
-    description: Files and directories to read.
-    type: list
-    elements: str
-    default: []
 author: dscluster
 """
 
 EXAMPLES = r"""
-- name: Read this node's NCCL files and compute its profile
+- name: Compute this node's NCCL profile
   nccl_env_info:
     fact: "{{ ansible_local.accelerators }}"
     overrides: {profile: auto, env: {}}
-    paths: [/etc/nccl.conf]
   register: reading
 """
 
@@ -59,8 +52,6 @@ state:
   description:
     - C(profile) is {profile, env, nccl_conf, socket_ifname, interfaces}, or null.
     - C(error) says why there is no profile, naming the node, or is null.
-    - C(files) maps each path to {uid, gid, mode, isdir} for a directory, {uid, gid, mode,
-      sha1, text} for a file, or null where it is not there.
   type: dict
   returned: success
 """
@@ -72,7 +63,6 @@ def main() -> None:
             "fact": {"type": "dict", "required": True},
             "overrides": {"type": "raw"},
             "ofi_nccl_dirs": {"type": "list", "elements": "str", "default": []},
-            "paths": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
@@ -81,7 +71,6 @@ def main() -> None:
         params["fact"],
         params["overrides"],
         tuple(params["ofi_nccl_dirs"]) or nccl_profile.OFI_NCCL_DIRS,
-        params["paths"],
     )
     module.exit_json(changed=False, state=state)
 

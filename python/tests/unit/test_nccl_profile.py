@@ -3,7 +3,6 @@ recorded outputs by the accelerators fact (fixtures/accelerators/SOURCES.md)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import pathlib
 import subprocess
@@ -248,45 +247,28 @@ def run_state(*args: str, stdin: str) -> subprocess.CompletedProcess:
     return run_cli("state", *args, stdin=stdin)
 
 
-def test_cli_state_reads_the_profile_its_interfaces_and_the_files_in_one_run(tmp_path):
+def test_cli_state_reads_the_profile_and_its_interfaces_in_one_run(tmp_path):
     fact = fact_from(tmp_path / "root", nvidia_smi=fixture("nvidia-smi-L_4x_a100_mig.txt"))
-    conf = tmp_path / "nccl.conf"
-    conf.write_text("NCCL_DEBUG=INFO\n")
-    conf.chmod(0o600)
-    missing = tmp_path / "nccl_env.fact"
     ok = run_state(
-        "--fact", "-", "--overrides", '{"env": {"NCCL_DEBUG": "INFO"}}',
-        f"--file={tmp_path}", f"--file={conf}", f"--file={missing}",
-        stdin=json.dumps(fact),
-    )  # fmt: skip
+        "--fact", "-", "--overrides", '{"env": {"NCCL_DEBUG": "INFO"}}', stdin=json.dumps(fact)
+    )
     assert ok.returncode == 0, ok.stderr
     state = json.loads(ok.stdout)
-    assert state["error"] is None
-    assert state["profile"] == nccl_profile.build_profile(fact, {"env": {"NCCL_DEBUG": "INFO"}})
-    made = tmp_path.stat()
-    mode = f"{made.st_mode & 0o7777:04o}"
-    assert state["files"][str(tmp_path)] == {
-        "uid": made.st_uid, "gid": made.st_gid, "mode": mode, "isdir": True,
-    }  # fmt: skip
-    assert state["files"][str(conf)]["mode"] == "0600"
-    assert state["files"][str(conf)]["text"] == "NCCL_DEBUG=INFO\n"
-    # the sha1 Ansible's copy compares
-    assert state["files"][str(conf)]["sha1"] == hashlib.sha1(b"NCCL_DEBUG=INFO\n").hexdigest()
-    assert state["files"][str(missing)] is None
+    assert state == {
+        "profile": nccl_profile.build_profile(fact, {"env": {"NCCL_DEBUG": "INFO"}}),
+        "error": None,
+    }
 
 
-def test_cli_state_says_why_a_profile_cannot_work_and_still_reads_the_files(tmp_path):
+def test_cli_state_says_why_a_profile_cannot_work(tmp_path):
     fact = fact_from(tmp_path / "root", nvidia_smi=fixture("nvidia-smi-L_2x_quadro_rtx4000.txt"))
     fact["hostname"] = "gpu-b"
-    forced = run_state(
-        "--fact", "-", "--overrides", '{"profile": "ib"}', f"--file={tmp_path / 'x'}",
-        stdin=json.dumps(fact),
-    )  # fmt: skip
+    forced = run_state("--fact", "-", "--overrides", '{"profile": "ib"}', stdin=json.dumps(fact))
     assert forced.returncode == 0, forced.stderr
     state = json.loads(forced.stdout)
     assert state["profile"] is None
     assert state["error"].startswith("gpu-b: profile ib forced but this node has no InfiniBand HCA")
-    assert state["files"] == {str(tmp_path / "x"): None}
+    assert set(state) == {"profile", "error"}
     not_json = run_state("--fact", "-", "--overrides", "{", stdin=json.dumps(fact))
     assert not_json.returncode == 1
     assert not_json.stderr.strip().splitlines() == [not_json.stderr.strip()]
@@ -295,18 +277,12 @@ def test_cli_state_says_why_a_profile_cannot_work_and_still_reads_the_files(tmp_
 
 def test_nccl_env_info_returns_what_the_state_cli_prints(tmp_path):
     """plugins/modules/nccl_env_info.py, as the nccl_env role runs it (and in check mode): the
-    same profile, error and file readings as `nccl_profile.py state`."""
+    same profile and error as `nccl_profile.py state`."""
     fact = fact_from(tmp_path / "root", nvidia_smi=fixture("nvidia-smi-L_4x_a100_mig.txt"))
-    conf = tmp_path / "nccl.conf"
-    conf.write_text("NCCL_DEBUG=INFO\n")
-    paths = [str(tmp_path), str(conf), str(tmp_path / "nccl_env.fact")]
     for overrides in ({"env": {"NCCL_DEBUG": "INFO"}}, {"profile": "ib"}):
-        request = {"fact": fact, "overrides": overrides, "paths": paths}
+        request = {"fact": fact, "overrides": overrides}
         state = rolefiles.info_state("nccl", request)
-        cli = run_state(
-            "--fact", "-", "--overrides", json.dumps(overrides), *(f"--file={p}" for p in paths),
-            stdin=json.dumps(fact),
-        )  # fmt: skip
+        cli = run_state("--fact", "-", "--overrides", json.dumps(overrides), stdin=json.dumps(fact))
         assert cli.returncode == 0, cli.stderr
         assert state == json.loads(cli.stdout)
     assert state["profile"] is None and "no InfiniBand HCA" in state["error"]
