@@ -34,6 +34,8 @@ def test_cpu_build_host_gets_cpu_torch_and_cpu_ops():
     assert sel["variant"] == "cpu" and sel["torch"] == "torch==2.13.0+cpu"
     assert sel["ops"] == ["async_io", "cpu_adam", "deepspeed_shm_comm", "fused_adam"]
     assert sel["source_args"] == [] and sel["build_env"] == {}
+    # torch==2.13.0+cpu is on PyTorch's index, not on PyPI
+    assert sel["torch_index"] == "https://download.pytorch.org/whl/cpu"
     assert sel["key"].startswith("cpu-torch2.13.0-ds0.19.8-cp")
 
 
@@ -113,13 +115,40 @@ def test_gpu_build_host_gets_the_torch_of_its_cuda(cuda, variant):
     rc, sel, out = select(facts(accelerators={"kind": "cuda", "count": 4}, nvidia={"cuda": cuda}))
     assert rc == 0, out
     assert sel["torch"] == f"torch==2.13.0+{variant}"
-    assert sel["source_args"] == [
-        "--extra-index-url",
-        f"https://download.pytorch.org/whl/{variant}",
-    ]
+    assert sel["torch_index"] == f"https://download.pytorch.org/whl/{variant}"
+    assert sel["source_args"] == []
     assert "async_io" in sel["ops"] and "fused_adam" in sel["ops"]
     assert sel["build_env"]["CUDA_HOME"] == f"/usr/local/cuda-{cuda[:4].rstrip('.')}"
     assert sel["key"].startswith(f"{variant}-torch2.13.0-")
+
+
+PY313 = {"ansible_python": {"version": {"major": 3, "minor": 13, "micro": 5}}}
+
+
+def test_pypi_torch_has_no_local_label_and_its_python_3_13_lock_ships():
+    """ml_stack_torch_variant: pypi (Debian 13's local clusters): PyPI's own torch build, from
+    the default index; the lock shipped for it is Python 3.13's, and the cpu build has none
+    for 3.13 (its preflight refuses it in the lock's line)."""
+    cpu = facts(accelerators={"kind": "cpu", "count": 0})
+    rc, sel, out = select(cpu | PY313 | {"ml_stack_torch_variant": "pypi"})
+    assert rc == 0, out
+    assert sel["variant"] == "pypi" and sel["torch"] == "torch==2.13.0"
+    assert sel["source_args"] == [] and sel["torch_index"] == ""
+    assert sel["build_early"] is True
+    assert sel["key"].startswith("pypi-torch2.13.0-ds0.19.8-cp313-x86_64-")
+    assert sel["lock"] == "pypi-torch2.13.0-ds0.19.8-cp313-x86_64.txt"
+    assert rolefiles.path("ml_stack", f"files/locks/{sel['lock']}").is_file()
+    rc, sel, out = select(cpu | PY313)
+    assert rc == 0, out
+    assert sel["lock"] == "cpu-torch2.13.0-ds0.19.8-cp313-x86_64.txt"
+    assert not rolefiles.path("ml_stack", f"files/locks/{sel['lock']}").exists()
+    gpu = facts(accelerators={"kind": "cuda", "count": 4}, nvidia={"cuda": "13.0"})
+    rc, sel, out = select(gpu | {"ml_stack_torch_variant": "pypi"})
+    assert rc == 0, out
+    assert sel["torch"] == "torch==2.13.0" and sel["torch_index"] == ""
+    gaudi = facts(accelerators={"kind": "hpu", "count": 8}, habana={"synapseai": "1.21.1-16"})
+    rc, _, out = select(gaudi | {"ml_stack_torch_variant": "pypi"})
+    assert rc != 0 and "No torch wheel variant for hpu" in out
 
 
 def test_cuda_without_a_torch_build_fails_preflight_naming_the_versions():
@@ -138,7 +167,7 @@ def test_gaudi_build_host_gets_the_habana_torch_and_deepspeed_fork():
     assert sel["variant"] == "hpu" and sel["torch"] == "torch==2.6.0"
     assert sel["deepspeed"] == "0.14.4" and sel["sdist"] == "deepspeed-habana-1.21.1.tar.gz"
     assert "habana-torch-plugin==1.21.1.16" in sel["requirements"]
-    assert sel["source_args"][0] == "--find-links"
+    assert sel["source_args"][0] == "--find-links" and sel["torch_index"] == ""
 
 
 def test_gaudi_on_an_unsupported_os_or_synapseai_fails_preflight():

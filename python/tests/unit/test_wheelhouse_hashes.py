@@ -201,6 +201,40 @@ def test_download_takes_only_the_lock_pins_and_refuses_a_changed_file(tmp_path):
     assert "ml_stack_base_lock_file" in proc.stderr
 
 
+def test_a_pin_with_an_index_of_its_own_is_downloaded_from_it_alone(tmp_path):
+    """--index-for torch=URL (the role's cpu and CUDA builds: torch==X+cpu is on PyTorch's
+    index, not on PyPI): that pin comes in its own pip run with URL as an extra index; the
+    others' run never names URL, so an index that does not answer costs one package's retries."""
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    good = make_wheel(plain, "einops", "0.8.2")
+    simple = tmp_path / "torchidx" / "simple"
+    (simple / "tinytorch").mkdir(parents=True)
+    torch = make_wheel(simple / "tinytorch", "tinytorch", "2.13.0+cpu")
+    (simple / "tinytorch" / "index.html").write_text(f'<a href="{torch.name}">{torch.name}</a>\n')
+    lock = lock_for(tmp_path / "lock.txt", [good, torch])
+    dest = tmp_path / "wh"
+    dest.mkdir()
+    # --isolated: this machine's pip configuration (its find-links and indexes) left out
+    pip = [sys.executable, "-m", "pip", "--isolated", "download", "--disable-pip-version-check",
+           "--quiet", "--no-index", "--find-links", str(plain), "--retries", "0"]  # fmt: skip
+    index = f"tinytorch={simple.as_uri()}"
+    proc = run("download", "--lock", lock, "--dest", dest, "--index-for", index, "--", *pip)
+    # --no-index: pip ignores every index, the one given too; the pin is asked for alone
+    assert proc.returncode == 1 and "tinytorch" in proc.stderr, proc.stderr
+    assert "einops" not in proc.stderr
+    pip.remove("--no-index")
+    pip += ["--index-url", (tmp_path / "empty").as_uri()]
+    (tmp_path / "empty").mkdir()
+    proc = run("download", "--lock", lock, "--dest", dest, "--index-for", index, "--", *pip)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in dest.iterdir()) == sorted([good.name, torch.name])
+    bad = run("download", "--lock", lock, "--dest", dest, "--index-for", "tinytorch", "--", *pip)
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
+        "--index-for 'tinytorch': give NAME=URL, e.g. torch=https://download.pytorch.org/whl/cpu"
+    ]
+
+
 def test_a_lock_without_hashes_is_refused(tmp_path):
     bad = tmp_path / "lock.txt"
     bad.write_text(

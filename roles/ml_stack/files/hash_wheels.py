@@ -4,11 +4,14 @@ the check of a wheelhouse against its locks.
 
     hash_wheels.py DIR
         sha256 and size of every wheel in DIR, as JSON on stdout, sorted by file name.
-    hash_wheels.py download --lock LOCK --dest DIR [--require REQ]... [--exclude NAME]... -- PIP...
+    hash_wheels.py download --lock LOCK --dest DIR [--require REQ]... [--exclude NAME]...
+                            [--index-for NAME=URL]... -- PIP...
         `PIP download --no-deps` of exactly the pins of LOCK (a `--generate-hashes`
         requirements file) into DIR/.download; each file is checked against LOCK's hashes
         before it is moved into DIR. Every REQ (what the role asks for) must be satisfied by
-        a pin of LOCK; NAME (the DeepSpeed sdist) is left to its own download.
+        a pin of LOCK; NAME (the DeepSpeed sdist) is left to its own download. The pin of a
+        NAME given --index-for is downloaded on its own with `--extra-index-url URL`
+        (PyTorch's index for torch), so that index is asked for that package alone.
     hash_wheels.py verify DIR [--lock LOCK] [--lock-json JSON] [--built GLOB]
                    [--sdist PATH] [--sdist-sha256 HEX]
         Every wheel of DIR against LOCK (its pins) and JSON (the wheelhouse's lock.json, one
@@ -184,6 +187,15 @@ def check_requirements(requires: list[str], lock: dict[str, dict], lock_path) ->
             )
 
 
+def index_for(item: str) -> tuple[str, str]:
+    name, sep, url = item.partition("=")
+    if not sep or not name or not url:
+        raise Refused(
+            f"--index-for {item!r}: give NAME=URL, e.g. torch=https://download.pytorch.org/whl/cpu"
+        )
+    return canonical(name), url
+
+
 def download(args: argparse.Namespace) -> int:
     lock_path = pathlib.Path(args.lock)
     lock = read_lock(lock_path)
@@ -193,19 +205,24 @@ def download(args: argparse.Namespace) -> int:
     staging = dest / STAGING
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
+    indexes = dict(index_for(item) for item in args.index_for)
+    wanted = [n for n in sorted(lock) if n not in skip]
+    # One pip run for the pins without an index of their own, then one per such pin.
+    runs = [([n for n in wanted if n not in indexes], [])]
+    runs += [([n], ["--extra-index-url", indexes[n]]) for n in wanted if n in indexes]
     pins = staging / "pins.txt"
-    pins.write_text(
-        "".join(f"{n}=={p['version']}\n" for n, p in sorted(lock.items()) if n not in skip),
-        encoding="utf-8",
-    )
-    pip = [*args.pip, "--no-deps", "--dest", str(staging), "-r", str(pins)]
-    proc = subprocess.run(pip, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        said = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
-        raise Refused(
-            f"pip download of the pins of {lock_path} failed (exit {proc.returncode}):"
-            f" {said[-1] if said else 'no message'}"
-        )
+    for names, extra in runs:
+        if not names:
+            continue
+        pins.write_text("".join(f"{n}=={lock[n]['version']}\n" for n in names), encoding="utf-8")
+        pip = [*args.pip, *extra, "--no-deps", "--dest", str(staging), "-r", str(pins)]
+        proc = subprocess.run(pip, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            said = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
+            raise Refused(
+                f"pip download of the pins of {lock_path} failed (exit {proc.returncode}):"
+                f" {said[-1] if said else 'no message'}"
+            )
     pins.unlink()
     files = sorted(staging.iterdir())
     got = {dist_of(f.name)[0] for f in files}
@@ -281,6 +298,7 @@ def main(argv: list[str]) -> int:
     dl.add_argument("--dest", required=True)
     dl.add_argument("--require", action="append", default=[])
     dl.add_argument("--exclude", action="append", default=[])
+    dl.add_argument("--index-for", action="append", default=[])
     dl.add_argument("pip", nargs=argparse.REMAINDER)
     ve = sub.add_parser("verify")
     ve.add_argument("dir")
