@@ -17,6 +17,8 @@ AWS_ARGS ?=
 SLURM_ARGS ?=
 NODES ?= 3
 ZERO ?= 2
+# The demo's node OS: empty for Debian 12 (bookworm), trixie for Debian 13.
+NODE_OS ?=
 export DSCLUSTER_HOME := $(CURDIR)
 export DSCLUSTER_CACHE ?= $(HOME)/.cache/dscluster
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
@@ -54,11 +56,11 @@ engine: ## Start a Docker engine when none answers (installs docker.io if needed
 
 .PHONY: images
 images: venv engine ## Base image (pull, else debootstrap) and node image, cached by Docker
-	@$(DSC) image
+	@$(DSC) image $(if $(NODE_OS),--base debian:$(NODE_OS))
 
 .PHONY: demo
-demo: images ## Local 3-node cluster, provisioned, hostfile, smoke test (ZeRO-2)
-	$(DSC) local up --name local --nodes $(NODES)
+demo: images ## Local 3-node cluster, provisioned, hostfile, smoke test (ZeRO-2); NODE_OS=trixie for Debian 13
+	$(DSC) local up --name local --nodes $(NODES) $(if $(NODE_OS),--base debian:$(NODE_OS))
 	$(DSC) provision -i inventories/local
 	$(DSC) hostfile -i inventories/local
 	$(DSC) smoke -i inventories/local --zero $(ZERO)
@@ -170,6 +172,12 @@ molecule-accelerators: images ## molecule test -s accelerators (NVIDIA/CUDA/Gaud
 	DSCLUSTER_NODE_IMAGE=$$($(DSC) image) \
 	DSCLUSTER_STANDIN_IMAGE=$$(bash extensions/molecule/accelerators/standin/image.sh) \
 	  $(NICE) $(BIN)/molecule test -s accelerators
+
+.PHONY: molecule-trixie
+molecule-trixie: venv engine ## molecule test -s trixie: the cluster scenario on Debian 13 nodes (not in make test)
+	@docker volume rm -f dsc-molt-shared >/dev/null 2>&1 || true
+	DSCLUSTER_NODE_IMAGE=$$($(DSC) image --base debian:trixie) $(NICE) $(BIN)/molecule test -s trixie; \
+	  rc=$$?; docker volume rm -f dsc-molt-shared >/dev/null 2>&1; exit $$rc
 
 .PHONY: molecule-storage
 molecule-storage: images ## molecule test -s storage (NFS server on the head, NFS clients; exports, fstab, mount units)

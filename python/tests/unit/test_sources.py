@@ -60,6 +60,52 @@ def test_local_inventory_is_written_as_before(tmp_path: pathlib.Path):
     assert (described.head.name, described.total_slots) == ("demo-n1", 4)
 
 
+def test_debian_13_nodes_get_the_torch_build_whose_lock_ships(tmp_path: pathlib.Path):
+    """local.OS_VARS by the nodes' /etc/os-release: Debian 13's Python 3.13 has a hash lock
+    for PyPI's torch only; Debian 12 nodes' inventory is as before."""
+    nodes = [local.Node("t-n1", "dsc-t-n1", "10.0.0.2", "ssh-ed25519 AAAA")]
+    paths = {"key": pathlib.Path("/s/key"), "known_hosts": pathlib.Path("/s/kh")}
+    trixie = local.describe(
+        "t", nodes=nodes, cpu_slots=1, sdir=pathlib.Path("/s"), **paths,
+        os_vars=local.OS_VARS["debian-13"],
+    )  # fmt: skip
+    assert trixie.vars["ml_stack_torch_variant"] == "pypi"
+    assert "debian-12" not in local.OS_VARS
+    locks = pathlib.Path(__file__).parents[3] / "roles/ml_stack/files/locks"
+    assert (locks / "pypi-torch2.13.0-ds0.19.8-cp313-x86_64.txt").is_file()
+
+
+def test_the_last_image_or_base_given_is_the_one_a_later_up_uses(tmp_path, monkeypatch):
+    """local up --base debian:trixie is remembered like --image; a later --base drops a
+    remembered --image, and --image wins over a remembered base."""
+    monkeypatch.setattr(local, "state_dir", lambda name: tmp_path / name)
+    built: list[str] = []
+    monkeypatch.setattr(local, "node_image", lambda base, console=None: built.append(base) or base)
+    present = type("Done", (), {"returncode": 0})()
+    monkeypatch.setattr(local, "run", lambda argv, check=True: present)
+    sdir = tmp_path / "c"
+
+    def up(image=None, base=None) -> str:
+        chosen = local._image_for("c", image, base, console=None)
+        local._remember(sdir, image, base)
+        return chosen
+
+    assert up() == "debian:bookworm" and not sdir.exists()  # nothing given: nothing kept
+    assert up(base="debian:trixie") == "debian:trixie"
+    assert up() == "debian:trixie"
+    assert up(image="dscluster/baked:c") == "dscluster/baked:c"
+    assert up() == "dscluster/baked:c"
+    assert up(base="debian:bookworm") == "debian:bookworm"
+    assert up() == "debian:bookworm"
+    assert built == [
+        "debian:bookworm",
+        "debian:trixie",
+        "debian:trixie",
+        "debian:bookworm",
+        "debian:bookworm",
+    ]
+
+
 def test_writer_writes_nothing_when_the_hostfile_is_refused(tmp_path: pathlib.Path):
     bad = cluster.Cluster(
         name="x",

@@ -8,6 +8,7 @@ import re
 from rich.console import Console
 
 from .. import validate
+from ..errors import DsclusterError
 from ..sources.names import check_cluster_name
 from ..validate import IMAGE_REF_RE
 from . import flags
@@ -66,7 +67,13 @@ def register(sub) -> None:
         help="start the nodes from this image (one 'dscluster image bake' made) instead of "
         "the plain node image; remembered for later 'local up' runs of the cluster",
     )
-    up.set_defaults(func=cmd_local_up)
+    up.add_argument(
+        "--base",
+        type=image_ref_type,
+        help="build the node image on this base (default debian:bookworm; debian:trixie for "
+        "Debian 13 nodes); remembered for later 'local up' runs of the cluster",
+    )
+    up.set_defaults(func=cmd_local_up, check=check_local_up)
     down = lsub.add_parser("down", help="remove a local cluster and everything it made")
     down.add_argument("--name", type=cluster_name, default="local")
     down.set_defaults(func=cmd_local_down)
@@ -96,6 +103,14 @@ def register(sub) -> None:
     bake.set_defaults(func=cmd_image_bake, check=check_image_bake, bake=None)
 
 
+def check_local_up(args: argparse.Namespace) -> None:
+    if args.image and args.base:
+        raise DsclusterError(
+            f"--image {args.image} and --base {args.base} both given; give one: --image starts "
+            "the nodes from a baked image, --base builds the node image on another base"
+        )
+
+
 def cmd_local_up(args: argparse.Namespace, out: Console, err: Console) -> int:
     from .. import sources  # noqa: PLC0415
 
@@ -106,6 +121,7 @@ def cmd_local_up(args: argparse.Namespace, out: Console, err: Console) -> int:
         cpu_slots=args.slots,
         shm_size=args.shm_size,
         image=args.image,
+        base_image=args.base,
         console=err,
     )
     path = sources.write(described).hosts_yml

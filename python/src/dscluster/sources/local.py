@@ -33,6 +33,12 @@ SHARED_PATH = "/shared"
 # cluster or an added node downloads nothing another node already has. Not a cluster's: `down`
 # keeps it; `docker volume rm dscluster-debs` empties it.
 DEB_CACHE_VOLUME = "dscluster-debs"
+# The node image's base unless `local up --base` / `image --base` names another.
+DEFAULT_BASE = "debian:bookworm"
+# Inventory vars by the nodes' OS (ID-VERSION_ID of /etc/os-release). Debian 13's python3 is
+# 3.13, and the torch whose hash lock ships for 3.13 is PyPI's own build (ml_stack's
+# files/locks): the cpu build's index is not one these test machines reach, so it has none.
+OS_VARS: dict[str, dict[str, str]] = {"debian-13": {"ml_stack_torch_variant": "pypi"}}
 DEB_CACHE_PATH = "/var/cache/dscluster/debs"
 # Seconds ssh waits for a local node container to answer (the inventory's ansible_ssh_timeout).
 LOCAL_SSH_TIMEOUT = 10
@@ -68,7 +74,7 @@ def ensure_engine() -> None:
         )
 
 
-def node_image(base: str = "debian:bookworm", console: Console | None = None) -> str:
+def node_image(base: str = DEFAULT_BASE, console: Console | None = None) -> str:
     """The node image tag for the current docker/node sources; built when missing."""
     docker_dir = paths.docker_dir()
     src = docker_dir / "node"
@@ -157,15 +163,20 @@ def _check_up(name: str, nodes: int, cpu_slots: int) -> None:
         raise DsclusterError(f"--slots {cpu_slots} is out of range; use 1 or more")
 
 
-def _image_for(name: str, given: str | None, base_image: str, console: Console) -> str:
+def _remembered(name: str, what: str) -> str | None:
+    path = state_dir(name) / what
+    return (path.read_text().strip() or None) if path.is_file() else None
+
+
+def _image_for(name: str, given: str | None, base_image: str | None, console: Console) -> str:
     """The image the cluster's nodes run: --image, else the one an earlier `up --image`
-    remembered, else the node image (built when missing)."""
+    remembered, else the node image (built when missing) on --base, else on the base an
+    earlier `up --base` remembered, else on Debian 12."""
     remembered = state_dir(name) / "image"
-    image = given
-    if image is None and remembered.is_file():
-        image = remembered.read_text().strip() or None
+    image = given or (None if base_image else _remembered(name, "image"))
     if image is None:
-        return node_image(base_image, console)
+        base = base_image or _remembered(name, "base") or DEFAULT_BASE
+        return node_image(base, console)
     if run(["docker", "image", "inspect", image], check=False).returncode != 0:
         raise DsclusterError(
             f"no Docker image {image} here"
@@ -177,20 +188,33 @@ def _image_for(name: str, given: str | None, base_image: str, console: Console) 
     return image
 
 
+def _remember(sdir: pathlib.Path, image: str | None, base_image: str | None) -> None:
+    """What _image_for reads on a later `up`: the last --image or --base given ('' image: the
+    node image on the remembered base)."""
+    if image is None and base_image is None:
+        return
+    sdir.mkdir(parents=True, exist_ok=True)
+    atomic_write(sdir / "image", (image or "") + "\n")
+    if base_image is not None:
+        atomic_write(sdir / "base", base_image + "\n")
+
+
 def start(
     name: str,
     nodes: int,
     *,
     cpu_slots: int = 1,
     shm_size: str = "1g",
-    base_image: str = "debian:bookworm",
+    base_image: str | None = None,
     image: str | None = None,
     console: Console | None = None,
 ) -> Cluster:
     """This source in the route (sources.describe): create or reconcile the node containers,
     then describe them as a Cluster for inventories/<name> (not written here). `image`: start
-    the nodes from it (a baked image) instead of the node image; remembered in the cluster's
-    state directory, so a later `up` without it (e.g. one more node) uses it again."""
+    the nodes from it (a baked image) instead of the node image; `base_image`: build the node
+    image on that base (debian:trixie) instead of Debian 12. Each is remembered in the
+    cluster's state directory (the last one given wins), so a later `up` without it (e.g. one
+    more node) uses it again."""
     _check_up(name, nodes, cpu_slots)
     console = console or Console(stderr=True)
     ensure_engine()
@@ -231,9 +255,7 @@ def start(
             docker("start", container)
 
     sdir = state_dir(name)
-    if given is not None:
-        sdir.mkdir(parents=True, exist_ok=True)
-        atomic_write(sdir / "image", given + "\n")
+    _remember(sdir, given, base_image)
     key = sdir / "bootstrap_ed25519"
     pub = _ensure_keypair(key, f"dscluster-bootstrap-{name}")
     result: list[Node] = []
@@ -249,9 +271,11 @@ def start(
     )
     for node in result:
         _wait_ssh(node, key, known_hosts)
+    os_id = docker("exec", wanted[0], "sh", "-c", '. /etc/os-release && echo "$ID-$VERSION_ID"')
     cluster = describe(
-        name, nodes=result, key=key, known_hosts=known_hosts, cpu_slots=cpu_slots, sdir=sdir
-    )
+        name, nodes=result, key=key, known_hosts=known_hosts, cpu_slots=cpu_slots, sdir=sdir,
+        os_vars=OS_VARS.get(os_id.strip(), {}),
+    )  # fmt: skip
     return dataclasses.replace(cluster, out=inventory_dir(name))
 
 
@@ -263,9 +287,10 @@ def describe(
     known_hosts: pathlib.Path,
     cpu_slots: int,
     sdir: pathlib.Path,
+    os_vars: dict[str, str] | None = None,
 ) -> Cluster:
     """The local cluster as its inventory describes it (no hostfile: provision writes it
-    from the slots the nodes report)."""
+    from the slots the nodes report); os_vars: what the nodes' OS needs (OS_VARS)."""
     return Cluster(
         name=name,
         nodes=[ClusterNode(n.name, cpu_slots, {"ansible_host": n.address}) for n in nodes],
@@ -286,6 +311,7 @@ def describe(
             # node container on the local bridge answers within milliseconds, and a stopped
             # one is named unreachable after LOCAL_SSH_TIMEOUT seconds instead of 30.
             "ansible_ssh_timeout": LOCAL_SSH_TIMEOUT,
+            **(os_vars or {}),
         },
         header=(
             "---\n"

@@ -137,6 +137,18 @@ CASES = [
         "'My Image'",
         "e.g. debian:bookworm",
     ),
+    Case(
+        "local-base-bad-ref",
+        ["local", "up", "--base", "Debian Trixie"],
+        "'Debian Trixie'",
+        "e.g. debian:bookworm",
+    ),
+    Case(
+        "local-image-and-base",
+        ["local", "up", "--image", "dscluster/baked:x", "--base", "debian:trixie"],
+        "--base debian:trixie",
+        "give one",
+    ),
     Case("bake-node-unknown", ["image", "bake", *INV, "--node", "n9"], "'n9'", "n1, n2, n3"),
     Case("bake-not-local-or-aws", ["image", "bake", *INV], "neither", "own imaging tool"),
     Case("local-name-newline", ["local", "up", "--name", "demo\n"], "demo", "lowercase"),
