@@ -4,6 +4,7 @@ them; the end-to-end faults on real nodes are in test_e2e_doctor.py."""
 from __future__ import annotations
 
 import json
+import pathlib
 
 import pytest
 
@@ -166,6 +167,36 @@ def test_version_tie_sides_with_the_head():
     report = doctor.evaluate(hosts, "n1", f)
     assert ("n2", "versions") in report.failed()
     assert ("n1", "versions") not in report.failed()
+
+
+def recorded_manifest(name: str) -> dict:
+    """A versions manifest recorded on a local node (fixtures/versions/README.md)."""
+    path = pathlib.Path(__file__).parent / "fixtures" / "versions" / f"{name}.json"
+    return json.loads(path.read_text())
+
+
+def test_a_debian_13_node_among_debian_12_nodes_is_refused_for_its_stack():
+    """A mixed cluster: two Debian 12 nodes and one Debian 13 node (real manifests). Debian
+    13's Python 3.13 cannot run the 3.11 wheelhouse, so the stacks differ and the odd node is
+    named with each field; with the same locked stack on every node (all three from the
+    Debian 13 recording), the same cluster passes: doctor judges the stack, not the OS."""
+    f = healthy()
+    for host, name in (("n1", "debian12-cpu"), ("n2", "debian12-cpu"), ("n3", "debian13-pypi")):
+        data = node(f, host)
+        data["versions"] = recorded_manifest(name)
+        set_node(f, host, data)
+    report = judge(f)
+    assert report.failed() == {("n3", "versions")}
+    details = report.cell("versions", "n3").details
+    assert "python 3.13.5 here, 3.11.2 on n1, n2" in details
+    assert "torch 2.13.0+cu130 here, 2.13.0+cpu on n1, n2" in details
+    assert any(d.startswith("lock_sha256 ea04c289") for d in details), details
+    for host in HOSTS:
+        data = node(f, host)
+        data["versions"] = recorded_manifest("debian13-pypi")
+        set_node(f, host, data)
+    report = judge(f)
+    assert report.ok and report.cell("versions", "n3").status == "pass"
 
 
 def test_drift_from_what_provision_recorded_warns():
