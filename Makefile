@@ -19,6 +19,7 @@ NODES ?= 3
 ZERO ?= 2
 # The demo's node OS: empty for Debian 12 (bookworm), trixie for Debian 13.
 NODE_OS ?=
+NODE_BASE = $(if $(NODE_OS),--base debian:$(NODE_OS))
 export DSCLUSTER_HOME := $(CURDIR)
 export DSCLUSTER_CACHE ?= $(HOME)/.cache/dscluster
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
@@ -56,11 +57,11 @@ engine: ## Start a Docker engine when none answers (installs docker.io if needed
 
 .PHONY: images
 images: venv engine ## Base image (pull, else debootstrap) and node image, cached by Docker
-	@$(DSC) image $(if $(NODE_OS),--base debian:$(NODE_OS))
+	@$(DSC) image $(NODE_BASE)
 
 .PHONY: demo
 demo: images ## Local 3-node cluster, provisioned, hostfile, smoke test (ZeRO-2); NODE_OS=trixie for Debian 13
-	$(DSC) local up --name local --nodes $(NODES) $(if $(NODE_OS),--base debian:$(NODE_OS))
+	$(DSC) local up --name local --nodes $(NODES) $(NODE_BASE)
 	$(DSC) provision -i inventories/local
 	$(DSC) hostfile -i inventories/local
 	$(DSC) smoke -i inventories/local --zero $(ZERO)

@@ -33,13 +33,13 @@ SHARED_PATH = "/shared"
 # cluster or an added node downloads nothing another node already has. Not a cluster's: `down`
 # keeps it; `docker volume rm dscluster-debs` empties it.
 DEB_CACHE_VOLUME = "dscluster-debs"
+DEB_CACHE_PATH = "/var/cache/dscluster/debs"
 # The node image's base unless `local up --base` / `image --base` names another.
 DEFAULT_BASE = "debian:bookworm"
 # Inventory vars by the nodes' OS (ID-VERSION_ID of /etc/os-release). Debian 13's python3 is
 # 3.13, and the torch whose hash lock ships for 3.13 is PyPI's own build (ml_stack's
 # files/locks): the cpu build's index is not one these test machines reach, so it has none.
 OS_VARS: dict[str, dict[str, str]] = {"debian-13": {"ml_stack_torch_variant": "pypi"}}
-DEB_CACHE_PATH = "/var/cache/dscluster/debs"
 # Seconds ssh waits for a local node container to answer (the inventory's ansible_ssh_timeout).
 LOCAL_SSH_TIMEOUT = 10
 RUN_FLAGS = [
@@ -163,8 +163,9 @@ def _check_up(name: str, nodes: int, cpu_slots: int) -> None:
         raise DsclusterError(f"--slots {cpu_slots} is out of range; use 1 or more")
 
 
-def _remembered(name: str, what: str) -> str | None:
-    path = state_dir(name) / what
+def _remembered(sdir: pathlib.Path, what: str) -> str | None:
+    """What _remember kept in the cluster's state directory, or None."""
+    path = sdir / what
     return (path.read_text().strip() or None) if path.is_file() else None
 
 
@@ -172,15 +173,15 @@ def _image_for(name: str, given: str | None, base_image: str | None, console: Co
     """The image the cluster's nodes run: --image, else the one an earlier `up --image`
     remembered, else the node image (built when missing) on --base, else on the base an
     earlier `up --base` remembered, else on Debian 12."""
-    remembered = state_dir(name) / "image"
-    image = given or (None if base_image else _remembered(name, "image"))
+    sdir = state_dir(name)
+    image = given or (None if base_image else _remembered(sdir, "image"))
     if image is None:
-        base = base_image or _remembered(name, "base") or DEFAULT_BASE
+        base = base_image or _remembered(sdir, "base") or DEFAULT_BASE
         return node_image(base, console)
     if run(["docker", "image", "inspect", image], check=False).returncode != 0:
         raise DsclusterError(
             f"no Docker image {image} here"
-            + (f" (remembered in {remembered})" if given is None else "")
+            + (f" (remembered in {sdir / 'image'})" if given is None else "")
             + "; bake one with 'dscluster image bake -i inventories/<cluster>', or start "
             f"from the plain node image: dscluster local down --name {name}, then local up "
             "without --image"
