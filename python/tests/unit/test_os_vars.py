@@ -1,5 +1,6 @@
 """The roles' OS-specific names (issue 58): repository URLs, file names and package names of
-nvidia_driver, cuda_toolkit, habana, efa, lustre_client, nfs_client, nfs_server, base and slurm,
+nvidia_driver, cuda_toolkit, habana, efa, lustre_client, nfs_client, nfs_server, base, slurm and
+ml_stack,
 rendered by Ansible for facts recorded on Debian 12, Debian 13, Ubuntu 22.04 and Ubuntu 24.04
 (fixtures/os_facts/README.md names each recording), each value checked against the vendor's
 published layout named next to it. Debian 12 renders exactly what it rendered before the
@@ -22,6 +23,12 @@ KERNELS = {
     "ubuntu2204": "5.15.0-1063-aws",
     "ubuntu2404": "6.8.0-1021-aws",
 }
+# The python3 each OS ships (its Python facts are not in the recordings), from the distributions'
+# package pages: Debian's python3 in bookworm 3.11.2, in trixie 3.13.5 (packages.debian.org);
+# Ubuntu's in jammy 3.10.6, in noble 3.12.3 (packages.ubuntu.com). ml_stack's lock is per cpXY.
+PYTHONS = {"debian12": (3, 11), "debian13": (3, 13), "ubuntu2204": (3, 10), "ubuntu2404": (3, 12)}
+# Debian 13's nodes take PyPI's own torch (sources/local.py OS_VARS): its lock ships for cp313.
+VARIANTS = {"debian13": "pypi"}
 # What each role renders, in the order the play renders them (cuda_toolkit before
 # nvidia_driver: it follows nvidia_driver's repository when that role's defaults are loaded).
 WANTED = {
@@ -67,6 +74,14 @@ WANTED = {
     "nfs_server": ["nfs_server_packages", "nfs_server_service"],
     "base": ["base_packages"],
     "slurm": ["slurm_packages", "slurm_controller_packages"],
+    "ml_stack": [
+        "__ml_stack_os_key",
+        "__ml_stack_node_os",
+        "__ml_stack_habana_os",
+        "__ml_stack_variant",
+        "__ml_stack_lock_name",
+        "__ml_stack_base_locked",
+    ],
 }
 CUDA = "https://developer.download.nvidia.com/compute/cuda/repos"
 CODENAMES = {
@@ -77,14 +92,26 @@ CODENAMES = {
 }
 
 
+def _inputs(name: str) -> dict:
+    """The host vars a recording lacks: its kernel and Python, and the role overrides."""
+    more: dict = {"ansible_kernel": KERNELS[name]} if name in KERNELS else {}
+    if name in PYTHONS:
+        major, minor = PYTHONS[name]
+        more["ansible_python"] = {"version": {"major": major, "minor": minor}}
+        more.setdefault("ansible_architecture", "x86_64")
+    # role_path: where ml_stack's shipped locks are found, as inside the role.
+    role_path = str(role_render.rolefiles.ROLES / "ml_stack")
+    overrides = {"ml_stack_build_host": name, "role_path": role_path}
+    if name in VARIANTS:
+        overrides["ml_stack_torch_variant"] = VARIANTS[name]
+    return more | {"os_vars_overrides": overrides}
+
+
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> dict:
     """{os: {role: {name: value}}} for the four supported OSes, and "rocky9": the output of its
     run (an unsupported OS, stopped at its first role)."""
-    hosts = {
-        name: (name, {"ansible_kernel": KERNELS[name]} if name in KERNELS else {})
-        for name in [*OSES, "rocky9"]
-    }
+    hosts = {name: (name, _inputs(name)) for name in [*OSES, "rocky9"]}
     result, out = role_render.render(tmp_path_factory.mktemp("os_vars"), hosts, WANTED)
     for name in OSES:
         assert set(result.get(name, {})) == set(WANTED), out[-3000:]
@@ -322,3 +349,42 @@ def test_archive_package_and_service_names(rendered, name):
     }
     assert values["efa"]["__efa_packages"] == ["gpg", "gpgv", "python3", "tar", "gzip"]
     assert values["base"]["base_packages"] == BASE
+
+
+# Habana's OS names: its vault's gaudi-pt-modules paths and the compatibility table
+# (ml_stack_habana_compat's "os" lists: ubuntu22.04, ubuntu24.04), as Intel's Gaudi support
+# matrix names them; Debian's have no pytorch_modules build there, so Gaudi refuses them.
+HABANA_OS = {
+    "debian12": "debian12",
+    "debian13": "debian13",
+    "ubuntu2204": "ubuntu22.04",
+    "ubuntu2404": "ubuntu24.04",
+}
+# The shipped base-layer locks (roles/ml_stack/files/locks): cpu for cp311, pypi for cp313.
+LOCKED = {"debian12": True, "debian13": True, "ubuntu2204": False, "ubuntu2404": False}
+
+
+@pytest.mark.parametrize("name", OSES)
+def test_ml_stack_os_names_and_lock(rendered, name):
+    values = rendered[name]["ml_stack"]
+    major, minor = PYTHONS[name]
+    variant = VARIANTS.get(name, "cpu")
+    key = {"debian12": "Debian-12", "debian13": "Debian-13", "ubuntu2204": "Ubuntu-22"}
+    assert values["__ml_stack_os_key"] == key.get(name, "Ubuntu-24")
+    assert values["__ml_stack_node_os"] == values["__ml_stack_habana_os"] == HABANA_OS[name]
+    assert values["__ml_stack_variant"] == variant
+    lock = f"{variant}-torch2.13.0-ds0.19.8-cp{major}{minor}-x86_64.txt"
+    assert values["__ml_stack_lock_name"] == lock
+    assert values["__ml_stack_base_locked"] is LOCKED[name]
+    shipped = role_render.rolefiles.ROLES / "ml_stack" / "files" / "locks" / lock
+    assert shipped.is_file() is LOCKED[name]
+
+
+def test_ml_stack_habana_names_are_the_compat_tables():
+    """Every OS the Gaudi compatibility table lists is one the OS table names."""
+    defaults = role_render.yaml.safe_load(
+        (role_render.rolefiles.ROLES / "ml_stack" / "defaults" / "main.yml").read_text()
+    )
+    listed = {os for build in defaults["ml_stack_habana_compat"].values() for os in build["os"]}
+    assert listed <= set(HABANA_OS.values())
+    assert {HABANA_OS["ubuntu2204"], HABANA_OS["ubuntu2404"]} <= listed
