@@ -41,6 +41,20 @@ def changed_tasks(stdout: str) -> list[str]:
     return found
 
 
+def task_hosts(stdout: str, task: str, status: str) -> list[str]:
+    """The hosts the playbook's output shows as `status` ("ok", "skipping", ...) for `task`."""
+    found, current = [], ""
+    for line in stdout.splitlines():
+        if m := TASK.match(line):
+            current = m.group(1)
+        elif current == task and (m := re.match(rf"^{status}: \[([^\]]+)\]", line)):
+            found.append(m.group(1))
+    return sorted(found)
+
+
+LOGINS = "cluster_ssh : Log in from this node to every node as the training user"
+
+
 def ansible_playbook(
     playbook: str, cluster: pathlib.Path, *args: str
 ) -> subprocess.CompletedProcess[str]:
@@ -64,6 +78,9 @@ def test_ansible_playbook_site_yml_from_the_root(cluster: pathlib.Path):
     for host, (ok, changed, unreachable, failed) in recap.items():
         assert ok > 0 and unreachable == 0 and failed == 0, (host, proc.stdout[-3000:])
         assert changed == 0, (host, changed_tasks(proc.stdout))
+    # The SSH mesh these keys, hosts and known_hosts make was proved by the provision before
+    # (recorded on the controller): no node logs in to every node again.
+    assert task_hosts(proc.stdout, LOGINS, "skipping") == sorted(recap), proc.stdout[-4000:]
 
 
 def test_the_cluster_scenarios_verify_passes_on_the_e2e_cluster(cluster: pathlib.Path):
@@ -127,6 +144,8 @@ def test_a_tampered_node_is_written_again_and_only_there(cluster: pathlib.Path):
     proc = ansible_playbook("site.yml", cluster, "--tags", "base,nccl_env,ml_stack")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert sorted(changed_tasks(proc.stdout)) == sorted(f"{t}: {host}" for t in TAMPERED)
+    # Only the node whose SSH files were written again logs in to every node again.
+    assert task_hosts(proc.stdout, LOGINS, "ok") == [host], proc.stdout[-4000:]
     after = sh(
         f"dsc-{host}",
         "stat -c %a /etc/hosts; grep -c '^127.0.1.1' /etc/hosts || true; "
