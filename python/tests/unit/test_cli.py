@@ -185,3 +185,14 @@ def test_bad_switch_is_one_line_and_writes_nothing(tmp_path: pathlib.Path, name:
     )
     assert "or unset it" in lines[0]
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "ref",
+    ["debian:bookworm", "debian:trixie", "debian:12", "debian:13.1", "debian:trixie-slim",
+     "debian", "registry.example/debian:foo", "ubuntu:24.04"],
+)  # fmt: skip
+def test_a_supported_debian_release_or_another_image_is_a_base(ref):
+    from dscluster.cli.local import base_ref_type  # noqa: PLC0415
+
+    assert base_ref_type(ref) == ref

@@ -43,6 +43,25 @@ def image_ref_type(text: str) -> str:
     return text
 
 
+# The Debian releases the roles have names for (their OS tables): a node image on another
+# Debian tag would build, then fail in every role's preflight.
+DEBIAN_RELEASES = {"bookworm": "12", "trixie": "13"}
+
+
+def base_ref_type(text: str) -> str:
+    """An image reference; on Debian's own image, a release the roles support."""
+    ref = image_ref_type(text)
+    name, _, tag = ref.partition(":")
+    if name in ("debian", "library/debian", "docker.io/library/debian") and tag:
+        release = re.split(r"[-.]", tag)[0]
+        if release not in DEBIAN_RELEASES and release not in DEBIAN_RELEASES.values():
+            choices = " or ".join(f"debian:{r} ({v})" for r, v in DEBIAN_RELEASES.items())
+            raise argparse.ArgumentTypeError(
+                f"{ref!r}: {tag} is not a Debian release dscluster supports; give {choices}"
+            )
+    return ref
+
+
 def register(sub) -> None:
     local = sub.add_parser("local", help="local cluster of node containers")
     lsub = local.add_subparsers(dest="local_command", required=True)
@@ -69,7 +88,7 @@ def register(sub) -> None:
     )
     up.add_argument(
         "--base",
-        type=image_ref_type,
+        type=base_ref_type,
         help="build the node image on this base (default debian:bookworm; debian:trixie for "
         "Debian 13 nodes); remembered for later 'local up' runs of the cluster",
     )
@@ -81,7 +100,7 @@ def register(sub) -> None:
     image = sub.add_parser("image", help="make sure the node image exists (build it if not)")
     image.add_argument(
         "--base",
-        type=image_ref_type,
+        type=base_ref_type,
         default="debian:bookworm",
         help="base image (pulled or built)",
     )

@@ -161,6 +161,14 @@ CASES = [
     Case("local-slots-huge", ["local", "up", "--slots", "99999999999"], "99999999999", "1024"),
     Case("image-base-bad", ["image", "--base", "Debian Bookworm"], "Debian Bookworm", "name[:tag]"),
     Case("image-base-shell", ["image", "--base", "x;rm -rf /"], "x;rm", "e.g. debian:bookworm"),
+    # make demo NODE_OS=foo gives --base debian:foo: refused before any pull or debootstrap
+    Case("image-base-debian-unknown", ["image", "--base", "debian:foo"], "debian:foo", "trixie"),
+    Case(
+        "local-base-debian-old",
+        ["local", "up", "--base", "debian:bullseye-slim"],
+        "bullseye-slim",
+        "debian:bookworm (12) or debian:trixie (13)",
+    ),
     # provision / hostfile
     Case("prov-tags-typo", ["provision", *INV, "--tags", "ml_stak"], "ml_stak", "ml_stack"),
     Case("prov-tags-empty", ["provision", *INV, "--tags", "base,,pdsh"], "base,,pdsh", "commas"),
