@@ -158,10 +158,18 @@ def test_cuda_without_a_torch_build_fails_preflight_naming_the_versions():
     assert "12.6, 12.8, 13.0" in out
 
 
+# The OS facts Ansible derives on Ubuntu 22.04 (fixtures/os_facts/ubuntu2204.json).
+UBUNTU_2204 = {
+    "ansible_distribution": "Ubuntu",
+    "ansible_distribution_version": "22.04",
+    "ansible_distribution_major_version": "22",
+}
+
+
 def test_gaudi_build_host_gets_the_habana_torch_and_deepspeed_fork():
     rc, sel, out = select(
         facts(accelerators={"kind": "hpu", "count": 8}, habana={"synapseai": "1.21.1-16"})
-        | {"ansible_distribution": "Ubuntu", "ansible_distribution_version": "22.04"}
+        | UBUNTU_2204
     )
     assert rc == 0, out
     assert sel["variant"] == "hpu" and sel["torch"] == "torch==2.6.0"
@@ -178,7 +186,7 @@ def test_gaudi_on_an_unsupported_os_or_synapseai_fails_preflight():
     assert "runs SynapseAI 1.21.1 on debian12" in out and "ubuntu22.04" in out
     rc, _, out = select(
         facts(accelerators={"kind": "hpu", "count": 8}, habana={"synapseai": "1.9.0-580"})
-        | {"ansible_distribution": "Ubuntu", "ansible_distribution_version": "22.04"}
+        | UBUNTU_2204
     )
     assert rc != 0
     assert "runs SynapseAI 1.9.0" in out and "1.21.1, 1.22.0" in out
