@@ -11,7 +11,6 @@ import contextlib
 import grp
 import os
 import pwd
-import site
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
@@ -91,22 +90,6 @@ options:
       shared_dir:
         description: The shared directory; returns {exists, isdir}.
         type: str
-      ansiballz:
-        description:
-          - The bytecode hook an older dscluster installed; returns site_dir (where this
-            python3 reads .pth files), stats {name, stat} of the names in it, cache (the cache
-            directory's stat) and entries (how many it holds; null without it).
-        type: dict
-        suboptions:
-          cache_dir:
-            description: The hook's cache directory.
-            type: str
-            required: true
-          names:
-            description: The hook's file names in site_dir.
-            type: list
-            elements: str
-            required: true
 author: dscluster
 """
 
@@ -186,21 +169,6 @@ def session_limits(_):
     return limits["stdout"]
 
 
-def ansiballz(want):
-    """Where the bytecode hook of Ansible's module payloads goes and what is there already."""
-    dirs = [d for d in site.getsitepackages() if os.path.isdir(d)]
-    site_dir = dirs[0] if dirs else None
-    cache = node_read.describe(want["cache_dir"])
-    return {
-        "site_dir": site_dir,
-        "stats": {
-            n: site_dir and node_read.describe(os.path.join(site_dir, n)) for n in want["names"]
-        },
-        "cache": cache,
-        "entries": len(os.listdir(want["cache_dir"])) if cache and cache.get("isdir") else None,
-    }
-
-
 def chrony(_):
     state = run(["systemctl", "is-active", "chrony"])["stdout"].strip().splitlines()
     return state[0] if state else ""
@@ -216,7 +184,6 @@ READERS = {
     "stats": lambda paths: {path: node_read.describe(path) for path in paths},
     "limits_file": read,
     "own_name": lambda name: run(["getent", "hosts", name]),
-    "ansiballz": ansiballz,
     "shared_dir": lambda path: {"exists": os.path.lexists(path), "isdir": os.path.isdir(path)},
 }
 # parts read only when their value is true
@@ -237,10 +204,6 @@ def read_state(want: dict) -> dict:
 
 
 IDS = {"uid": {"type": "int", "required": True}, "gid": {"type": "int", "required": True}}
-HOOK = {
-    "cache_dir": {"type": "str", "required": True},
-    "names": {"type": "list", "elements": "str", "required": True},
-}
 PARTS = {
     "dpkg": {"type": "list", "elements": "str"},
     "shm_df": {"type": "bool"},
@@ -254,7 +217,6 @@ PARTS = {
     "own_name": {"type": "str"},
     "chrony": {"type": "bool"},
     "shared_dir": {"type": "str"},
-    "ansiballz": {"type": "dict", "options": HOOK},
 }
 
 
