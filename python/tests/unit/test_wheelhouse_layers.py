@@ -485,6 +485,30 @@ def test_user_layer_tasks_add_change_and_remove_without_touching_the_base(stack)
     verdict = read("--want", json.dumps(want | {"torch": "9.9.9"}))["verdict"]
     assert "torch" not in verdict["venv"]["differs"] and "ops" in verdict["venv"]["differs"]
 
+    pip_check_reads_the_venv(stack, read)
+
+
+def pip_check_reads_the_venv(stack: pathlib.Path, read) -> None:
+    """--pip-check: the tools layer's uv pip check of this venv, in the same reading (none
+    without it); a distribution whose requirement is missing makes it fail, named."""
+    assert "pip_check" not in read()
+    tools = stack / "tools"
+    (tools / "bin").mkdir(parents=True)
+    (tools / "bin" / "uv").symlink_to(UV)
+    nothing = stack / "no-user-layer"
+    assert read(str(nothing), str(tools), "--pip-check")["pip_check"]["rc"] == 0
+    (site,) = (stack / "venv").glob("lib/python*/site-packages")
+    extra = site / "dscluster_tampered-1.0.dist-info"
+    extra.mkdir()
+    (extra / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: dscluster-tampered\nVersion: 1.0\n"
+        "Requires-Dist: dscluster-not-installed\n"
+    )
+    checked = read(str(nothing), str(tools), "--pip-check")["pip_check"]
+    assert checked["rc"] != 0 and "dscluster-not-installed" in checked["output"], checked
+    assert read(str(nothing), str(stack / "no-tools"), "--pip-check")["pip_check"]["rc"] is None
+    shutil.rmtree(extra)
+
 
 # ---- wheel digests kept with size and mtime: a re-converge does not read every wheel ----
 

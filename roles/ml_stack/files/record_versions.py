@@ -80,6 +80,26 @@ def tools_uv(venv: pathlib.Path | None) -> str:
     return words[1] if len(words) > 1 else ""
 
 
+def pip_check(venv: pathlib.Path | None) -> dict:
+    """What the tools layer's `uv pip check` says of this venv: its exit status (null when it
+    could not run) and its output. One run with the reading, where a second command would
+    cost the provision another round trip per node."""
+    uv = venv / "bin" / "uv" if venv is not None else None
+    if uv is None or not uv.is_file():
+        return {"rc": None, "output": f"no uv in the tools layer ({venv})"}
+    try:
+        proc = subprocess.run(
+            [str(uv), "pip", "check", "--python", sys.executable],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"rc": None, "output": str(exc)}
+    return {"rc": proc.returncode, "output": f"{proc.stdout} {proc.stderr}".strip()}
+
+
 def command_output(argv: list[str]) -> str:
     """stdout of a command, or "" when it is missing or fails (a CPU node has no nvidia-smi)."""
     exe = shutil.which(argv[0]) or (argv[0] if pathlib.Path(argv[0]).is_file() else None)
@@ -279,6 +299,9 @@ def main() -> int:
     parser.add_argument("user_wheelhouse", type=pathlib.Path, nargs="?")
     parser.add_argument("tools_venv", type=pathlib.Path, nargs="?")
     parser.add_argument("--want", type=json.loads, help="what the controller expects (JSON)")
+    parser.add_argument(
+        "--pip-check", action="store_true", help="also run the tools layer's uv pip check"
+    )
     args = parser.parse_args()
 
     lock = args.wheelhouse / "requirements.lock"
@@ -308,6 +331,8 @@ def main() -> int:
     manifest["scripts"] = {name: file_sha256(here / name) for name in INSTALLED_SCRIPTS}
     if args.want is not None:
         manifest["verdict"] = verdict(manifest, args.want)
+    if args.pip_check:
+        manifest["pip_check"] = pip_check(args.tools_venv)
     json.dump(manifest, sys.stdout, indent=2, sort_keys=True)
     sys.stdout.write("\n")
     return 0
