@@ -72,11 +72,18 @@ def file_sha256(path: pathlib.Path) -> str:
     return sha256(path) if path.is_file() else ""
 
 
+def uv_of(venv: pathlib.Path | None) -> pathlib.Path | None:
+    """The tools layer's uv, or None where that venv has none."""
+    uv = venv / "bin" / "uv" if venv is not None else None
+    return uv if uv is not None and uv.exists() else None
+
+
 def tools_uv(venv: pathlib.Path | None) -> str:
     """The uv version of the tools layer's venv ("" when there is none)."""
-    if venv is None or not (venv / "bin" / "uv").exists():
+    uv = uv_of(venv)
+    if uv is None:
         return ""
-    words = command_output([str(venv / "bin" / "uv"), "--version"]).split()
+    words = command_output([str(uv), "--version"]).split()
     return words[1] if len(words) > 1 else ""
 
 
@@ -84,8 +91,8 @@ def pip_check(venv: pathlib.Path | None) -> dict:
     """What the tools layer's `uv pip check` says of this venv: its exit status (null when it
     could not run) and its output. One run with the reading, where a second command would
     cost the provision another round trip per node."""
-    uv = venv / "bin" / "uv" if venv is not None else None
-    if uv is None or not uv.is_file():
+    uv = uv_of(venv)
+    if uv is None:
         return {"rc": None, "output": f"no uv in the tools layer ({venv})"}
     try:
         proc = subprocess.run(
