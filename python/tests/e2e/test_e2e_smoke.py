@@ -17,6 +17,8 @@ import subprocess
 import pytest
 from PIL import Image
 
+from dscluster.smoke.devices import slow_devices
+
 from . import faults
 from .e2e_cluster import NAME, NODES, docker, dsc
 
@@ -234,29 +236,52 @@ def slow_node_cpus() -> float:
     return round(max(0.05, min(0.2, share / 4)), 2)
 
 
+def nothing_could_be_named(figures: dict[str, float], slow: str) -> bool:
+    """Whether the uncapped peers disagree by more than the documented rule can separate: not
+    even a device doing no work at all in the capped node's place would be named (with three
+    devices the median absolute deviation is the peers' own gap, so a peer 50 % ahead of the
+    other on a busy moment of this 2-core machine hides any third device)."""
+    devices = [
+        {"host": h, "rank": i, "device": "cpu", "matmul_tflops": 0.0 if h == slow else v}
+        for i, (h, v) in enumerate(sorted(figures.items()))
+    ]
+    return not slow_devices(devices)
+
+
 def test_a_node_held_to_a_fraction_of_a_core_is_named_by_the_device_benchmark(
     cluster: pathlib.Path,
 ):
     """One node's container limited to a fraction of a core (its cgroup's CPU quota, the others
     untouched): the per-device benchmark, timed on every rank at once, names that node's rank
-    as a slow device, and the run still passes (a slow device is a warning)."""
+    as a slow device, and the run still passes (a slow device is a warning). A run in which
+    the two uncapped peers' own figures were too far apart for any third to be named proves
+    nothing either way (make test's other lanes load these cores): it is run again, at most
+    three runs in all, with 2 s timing windows that average out shorter bursts."""
     slow = HOSTS[1]
     container = f"dsc-{slow}"
-    docker("update", "--cpus", f"{slow_node_cpus():g}", container)
-    try:
-        proc = dsc(
-            "smoke", "-i", str(cluster), "--zero", "2", "--steps", "12", "--no-doctor",
-            "--master-port", PORT, timeout=900,
-        )  # fmt: skip
-    finally:
-        # `docker update --cpus 0` leaves the limit in place (docker/for-linux#558): give the
-        # node every core of the host back, which is no limit here.
-        docker("update", "--cpus", str(os.cpu_count() or 1), container)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = latest_report(cluster)
-    bench = report["device_bench"]
-    named = {(d["host"], d["metric"]) for d in bench["slow"]}
-    figures = {d["host"]: d["matmul_tflops"] for d in bench["devices"]}
+    inconclusive: list[dict[str, float]] = []
+    for _ in range(3):
+        docker("update", "--cpus", f"{slow_node_cpus():g}", container)
+        try:
+            proc = dsc(
+                "smoke", "-i", str(cluster), "--zero", "2", "--steps", "12", "--no-doctor",
+                "--device-bench-s", "2", "--master-port", PORT, timeout=900,
+            )  # fmt: skip
+        finally:
+            # `docker update --cpus 0` leaves the limit in place (docker/for-linux#558): give
+            # the node every core of the host back, which is no limit here.
+            docker("update", "--cpus", str(os.cpu_count() or 1), container)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        report = latest_report(cluster)
+        bench = report["device_bench"]
+        named = {(d["host"], d["metric"]) for d in bench["slow"]}
+        figures = {d["host"]: d["matmul_tflops"] for d in bench["devices"]}
+        assert set(figures) == set(HOSTS), figures
+        if (slow, "matmul_tflops") in named or not nothing_could_be_named(figures, slow):
+            break
+        inconclusive.append(figures)
+    else:
+        pytest.fail(f"the uncapped peers' figures were too far apart in 3 runs: {inconclusive}")
     assert (slow, "matmul_tflops") in named and {h for h, _ in named} == {slow}, figures
     assert all(figures[slow] < 0.5 * figures[h] for h in HOSTS if h != slow), figures
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: slow")]
