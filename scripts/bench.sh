@@ -81,11 +81,30 @@ echo "== make demo (warm)"
 t0=$(now); make demo >"$OUT/$stamp-demo-warm.log" 2>&1; R[demo_warm_s]=$(elapsed "$t0" "$(now)")
 fi
 
+# reconverge_s is the median of three runs (each profiled; the first run's profile is kept):
+# one busy minute of a shared machine moves a single run by 10-20 %.
 if step reconverge; then
-echo "== re-converge site.yml (changed=0), with the per-task profile; then with mitogen"
-DSCLUSTER_PROFILE="$OUT/$stamp-profile.json" timed reconverge_s "$OUT/$stamp-reconverge.log" \
-  $DSC provision -i inventories/local
-R[reconverge_changed]=$(changes "$OUT/$stamp-reconverge.log")
+echo "== re-converge site.yml (changed=0) three times, with the per-task profile; then with mitogen"
+runs=()
+for i in 1 2 3; do
+  DSCLUSTER_PROFILE="$OUT/$stamp-profile-$i.json" timed "reconverge_${i}_s" "$OUT/$stamp-reconverge-$i.log" \
+    $DSC provision -i inventories/local
+  runs+=("${R[reconverge_${i}_s]}")
+  R[reconverge_${i}_changed]=$(changes "$OUT/$stamp-reconverge-$i.log")
+  unset "R[reconverge_${i}_s]"
+done
+mv "$OUT/$stamp-profile-1.json" "$OUT/$stamp-profile.json" 2>/dev/null || true
+rm -f "$OUT/$stamp-profile-2.json" "$OUT/$stamp-profile-3.json"
+R[reconverge_runs_s]="[$(IFS=,; echo "${runs[*]}")]"
+R[reconverge_s]=$(python3 -c 'import json, statistics, sys
+runs = json.loads(sys.argv[1])
+print(statistics.median(runs) if all(isinstance(r, float | int) for r in runs) else json.dumps("failed"))' "${R[reconverge_runs_s]}")
+# changed=0 is the claim: the largest count of the three (any run that changed something shows)
+R[reconverge_changed]=$(python3 -c 'import sys
+c = sys.argv[1:]
+print(max(int(a) for a in c) if all(a.isdigit() for a in c) else "\"?\"")' \
+  "${R[reconverge_1_changed]}" "${R[reconverge_2_changed]}" "${R[reconverge_3_changed]}")
+unset "R[reconverge_1_changed]" "R[reconverge_2_changed]" "R[reconverge_3_changed]"
 DSCLUSTER_MITOGEN=1 timed reconverge_mitogen_s "$OUT/$stamp-reconverge-mitogen.log" \
   $DSC provision -i inventories/local
 R[reconverge_mitogen_changed]=$(changes "$OUT/$stamp-reconverge-mitogen.log")
