@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """Choose this node's NCCL / HCCL / libfabric / gloo environment from its accelerators fact.
 
-Pure functions (imported by the tests and by the nccl_env_info module, which reads the node
-with node_state() in one round trip) plus a small CLI: the nccl_env role installs this file
+Pure functions (imported by the tests and by the nccl_env_files module, which computes the
+node's profile with node_state() and writes what conf_text() and fact_text() render, in one
+round trip) plus a small CLI: the nccl_env role installs this file
 as /opt/dscluster/bin/nccl_profile.py, where doctor runs it, and its preflight runs it on the
 controller.
 
@@ -13,7 +14,7 @@ controller.
            and the interfaces it does have
     nccl_profile.py state --fact FILE|- [profile's options]
         -> {"profile": the profile (its interfaces checked as check-ifname does) or null,
-           "error": why not or null}: what nccl_env_info returns; exit 0 unless the
+           "error": why not or null}: what nccl_env_files computes; exit 0 unless the
            arguments are wrong
 
 FILE is what roles/node_facts/files/accelerators.fact prints. Errors are one line on stderr
@@ -333,6 +334,37 @@ def node_state(fact: dict, overrides: object, ofi_dirs: tuple[str, ...]) -> dict
     except ProfileError as exc:
         state["error"] = str(exc)
     return state
+
+
+def conf_text(profile: dict, fact_path: str) -> str:
+    """/etc/nccl.conf for a profile: NCCL reads KEY=VALUE lines, so NCCL_* only, sorted as
+    Jinja's dictsort sorts (ignoring case), with a header naming the fact with the rest."""
+    lines = [
+        f"# Managed by dscluster (nccl_env): profile {profile['profile']}. NCCL_* only;",
+        f"# the full environment is in {fact_path}.",
+    ]
+    for key, value in sorted(profile["nccl_conf"].items(), key=lambda kv: kv[0].lower()):
+        lines.append(f"{key}={value}")
+    return "\n".join(lines) + "\n"
+
+
+def fact_text(profile: dict, conf_path: str) -> str:
+    """The nccl_env local fact (facts.d/nccl_env.fact): the profile, its environment, the
+    socket interface and what it selects, and where nccl.conf is; JSON as to_nice_json."""
+    fact = {
+        "profile": profile["profile"],
+        "env": profile["env"],
+        "socket_ifname": profile["socket_ifname"],
+        "interfaces": profile["interfaces"],
+        "nccl_conf": conf_path,
+    }
+    return json.dumps(fact, indent=4, sort_keys=True, separators=(",", ": ")) + "\n"
+
+
+def named(message: str, node: str) -> str:
+    """A profile error as the role reports it: prefixed with the inventory name unless the
+    message (which names the node as its fact does) already starts with it."""
+    return message if not node or message.startswith(node + ":") else f"{node}: {message}"
 
 
 def read_fact(path: str) -> dict:

@@ -138,7 +138,7 @@ def run_local_play(
 def run_info_modules(extravars: Mapping) -> tuple[int, dict, str]:
     """tests/unit/playbooks/node_info.yml on localhost: the collection's *_info modules (this
     clone's plugins/modules and module_utils) each run with the options extravars gives it
-    (`ssh`, `pdsh`, `base`, `nccl`), once and again in check mode; the rc, every task's result by
+    (`ssh`, `pdsh`, `base`), once and again in check mode; the rc, every task's result by
     name (ssh, ssh_checked, pdsh, ...) and the output."""
     env = {
         **os.environ,
@@ -153,7 +153,7 @@ def run_info_modules(extravars: Mapping) -> tuple[int, dict, str]:
 
 
 def info_state(key: str, request: Mapping) -> dict:
-    """The `state` one *_info module returns for request (key: ssh, pdsh, base or nccl), checked:
+    """The `state` one *_info module returns for request (key: ssh, pdsh or base), checked:
     the run succeeded, changed nothing, and read the same in check mode."""
     rc, result, out = run_info_modules({key: request})
     assert rc == 0, out[-3000:]

@@ -3,7 +3,9 @@ recorded outputs by the accelerators fact (fixtures/accelerators/SOURCES.md)."""
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -275,14 +277,95 @@ def test_cli_state_says_why_a_profile_cannot_work(tmp_path):
     assert not_json.stderr.startswith("gpu-b: --overrides is not JSON")
 
 
-def test_nccl_env_info_returns_what_the_state_cli_prints(tmp_path):
-    """plugins/modules/nccl_env_info.py, as the nccl_env role runs it (and in check mode): the
-    same profile and error as `nccl_profile.py state`."""
+def run_nccl_env_files(node: pathlib.Path, fact: dict, overrides: dict) -> dict:
+    """tests/unit/playbooks/nccl_env_files.yml: the module as the nccl_env role runs it, into
+    `node` (script, nccl.conf, fact); each run's result by name."""
+    env = {
+        **os.environ,
+        "ANSIBLE_LIBRARY": str(rolefiles.REPO / "plugins" / "modules"),
+        "ANSIBLE_MODULE_UTILS": str(rolefiles.REPO / "plugins" / "module_utils"),
+    }
+    playbook = pathlib.Path(__file__).parent / "playbooks" / "nccl_env_files.yml"
+    extravars = {
+        "dir": str(node),
+        "fact": fact,
+        "overrides": overrides,
+        "script": NCCL_PROFILE.read_text(),
+        "ansible_python_interpreter": sys.executable,
+    }
+    rc, result, out = rolefiles.run_local_play(playbook, extravars, "RESULT", env=env)
+    assert rc == 0 and result is not None, out[-3000:]
+    return json.loads(base64.b64decode(result["b64"]))
+
+
+def test_nccl_env_files_computes_the_profile_and_writes_it_in_one_run(tmp_path):
+    """plugins/modules/nccl_env_files.py: the profile `nccl_profile.py state` prints, then the
+    script, nccl.conf (NCCL_* only, sorted as the role's Jinja dictsort sorted it) and the fact
+    (as to_nice_json wrote it) written once; the same run again writes nothing; check mode shows
+    the diff and writes nothing; a profile that cannot work fails naming the node and writes
+    nothing."""
     fact = fact_from(tmp_path / "root", nvidia_smi=fixture("nvidia-smi-L_4x_a100_mig.txt"))
-    for overrides in ({"env": {"NCCL_DEBUG": "INFO"}}, {"profile": "ib"}):
-        request = {"fact": fact, "overrides": overrides}
-        state = rolefiles.info_state("nccl", request)
-        cli = run_state("--fact", "-", "--overrides", json.dumps(overrides), stdin=json.dumps(fact))
-        assert cli.returncode == 0, cli.stderr
-        assert state == json.loads(cli.stdout)
-    assert state["profile"] is None and "no InfiniBand HCA" in state["error"]
+    overrides = {"env": {"NCCL_DEBUG": "INFO"}}
+    node = tmp_path / "node"
+    node.mkdir()
+    result = run_nccl_env_files(node, fact, overrides)
+    cli = run_state("--fact", "-", "--overrides", json.dumps(overrides), stdin=json.dumps(fact))
+    assert cli.returncode == 0, cli.stderr
+    profile = json.loads(cli.stdout)["profile"]
+
+    first = result["first"]
+    assert first.get("failed") is not True and first["changed"] is True, first
+    assert first["profile"] == profile
+    script, conf, fact_file = (node / "opt/bin/nccl_profile.py", node / "nccl.conf",
+                               node / "facts.d/nccl_env.fact")  # fmt: skip
+    assert first["written"] == [
+        str(node / "opt"), str(node / "opt/bin"), str(node / "facts.d"),
+        str(script), str(conf), str(fact_file),
+    ]  # fmt: skip
+    assert script.read_text() == NCCL_PROFILE.read_text()
+    assert [oct(p.stat().st_mode & 0o777) for p in (script, conf, fact_file)] == [
+        "0o755", "0o644", "0o644",
+    ]  # fmt: skip
+    lines = conf.read_text().splitlines()
+    assert lines[:2] == [
+        "# Managed by dscluster (nccl_env): profile ethernet. NCCL_* only;",
+        f"# the full environment is in {fact_file}.",
+    ]
+    keys = sorted(profile["nccl_conf"], key=str.lower)
+    assert lines[2:] == [f"{k}={profile['nccl_conf'][k]}" for k in keys]
+    assert "NCCL_DEBUG=INFO" in lines
+    assert first["conf_text"] == conf.read_text() and conf.read_text().endswith("\n")
+    recorded = {k: profile[k] for k in ("profile", "env", "socket_ifname", "interfaces")}
+    recorded["nccl_conf"] = str(conf)
+    assert fact_file.read_text() == json.dumps(recorded, indent=4, sort_keys=True) + "\n"
+
+    second = result["second"]
+    assert second["changed"] is False and second["written"] == [], second
+
+    checked = result["checked"]
+    assert checked["changed"] is True and checked["written"] == [str(conf), str(fact_file)]
+    assert "NCCL_DEBUG=TRACE" in checked["diff"][0]["after"]
+    assert "NCCL_DEBUG=INFO" in conf.read_text()  # check mode wrote nothing
+
+    forced = result["forced"]
+    state = nccl_profile.node_state(fact, {"profile": "ib"}, nccl_profile.OFI_NCCL_DIRS)
+    assert forced["failed"] is True and forced["written"] == []
+    assert forced["msg"] == nccl_profile.named(state["error"], "n1")
+    assert "no InfiniBand HCA" in forced["msg"] and forced["msg"].count("\n") == 0
+    assert "NCCL_DEBUG=INFO" in conf.read_text()
+
+
+def test_nccl_env_files_refuses_a_link_for_nccl_conf(tmp_path):
+    """A link where nccl.conf goes (the training user cannot make one in /etc, but the module
+    must not follow one): refused naming it, its target left alone, the fact not written."""
+    fact = fact_from(tmp_path / "root", nvidia_smi=fixture("nvidia-smi-L_4x_a100_mig.txt"))
+    node = tmp_path / "node"
+    node.mkdir()
+    target = tmp_path / "elsewhere"
+    target.write_text("root's\n")
+    (node / "nccl.conf").symlink_to(target)
+    first = run_nccl_env_files(node, fact, {})["first"]
+    assert first["failed"] is True and str(node / "nccl.conf") in first["msg"], first
+    assert first["msg"].startswith("nccl_env_files: ") and "\n" not in first["msg"]
+    assert target.read_text() == "root's\n"
+    assert not (node / "facts.d" / "nccl_env.fact").exists()
