@@ -85,26 +85,23 @@ fi
 # one busy minute of a shared machine moves a single run by 10-20 %.
 if step reconverge; then
 echo "== re-converge site.yml (changed=0) three times, with the per-task profile; then with mitogen"
-runs=()
+runs=(); changed=()
 for i in 1 2 3; do
-  DSCLUSTER_PROFILE="$OUT/$stamp-profile-$i.json" timed "reconverge_${i}_s" "$OUT/$stamp-reconverge-$i.log" \
+  DSCLUSTER_PROFILE="$OUT/$stamp-profile-$i.json" timed reconverge_run_s "$OUT/$stamp-reconverge-$i.log" \
     $DSC provision -i inventories/local
-  runs+=("${R[reconverge_${i}_s]}")
-  R[reconverge_${i}_changed]=$(changes "$OUT/$stamp-reconverge-$i.log")
-  unset "R[reconverge_${i}_s]"
+  runs+=("${R[reconverge_run_s]}"); changed+=("$(changes "$OUT/$stamp-reconverge-$i.log")")
 done
+unset "R[reconverge_run_s]"
 mv "$OUT/$stamp-profile-1.json" "$OUT/$stamp-profile.json" 2>/dev/null || true
 rm -f "$OUT/$stamp-profile-2.json" "$OUT/$stamp-profile-3.json"
 R[reconverge_runs_s]="[$(IFS=,; echo "${runs[*]}")]"
-R[reconverge_s]=$(python3 -c 'import json, statistics, sys
-runs = json.loads(sys.argv[1])
-print(statistics.median(runs) if all(isinstance(r, float | int) for r in runs) else json.dumps("failed"))' "${R[reconverge_runs_s]}")
-# changed=0 is the claim: the largest count of the three (any run that changed something shows)
-R[reconverge_changed]=$(python3 -c 'import sys
-c = sys.argv[1:]
-print(max(int(a) for a in c) if all(a.isdigit() for a in c) else "\"?\"")' \
-  "${R[reconverge_1_changed]}" "${R[reconverge_2_changed]}" "${R[reconverge_3_changed]}")
-unset "R[reconverge_1_changed]" "R[reconverge_2_changed]" "R[reconverge_3_changed]"
+# The median of the runs; changed=0 is the claim, so the largest count of the three.
+read -r "R[reconverge_s]" "R[reconverge_changed]" < <(python3 -c 'import json, statistics, sys
+runs, changed = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+ok = all(isinstance(x, int | float) for x in runs)
+print(statistics.median(runs) if ok else json.dumps("failed"),
+      max(changed) if all(isinstance(c, int) for c in changed) else json.dumps("?"))' \
+  "${R[reconverge_runs_s]}" "[$(IFS=,; echo "${changed[*]}")]")
 DSCLUSTER_MITOGEN=1 timed reconverge_mitogen_s "$OUT/$stamp-reconverge-mitogen.log" \
   $DSC provision -i inventories/local
 R[reconverge_mitogen_changed]=$(changes "$OUT/$stamp-reconverge-mitogen.log")

@@ -135,19 +135,28 @@ def run_local_play(
     return proc.returncode, next(tagged(out, tag), None), out
 
 
+def run_module_play(
+    playbook: pathlib.Path, extravars: Mapping, tag: str = "RESULT", **env: str
+) -> tuple[int, dict | None, str]:
+    """run_local_play with this clone's plugins/modules and module_utils (and any further
+    ANSIBLE_* settings in env), the test's own Python as the interpreter."""
+    full = {
+        **os.environ,
+        "ANSIBLE_LIBRARY": str(REPO / "plugins" / "modules"),
+        "ANSIBLE_MODULE_UTILS": str(REPO / "plugins" / "module_utils"),
+        **env,
+    }
+    more = {"ansible_python_interpreter": sys.executable, **extravars}
+    return run_local_play(playbook, more, tag, env=full)
+
+
 def run_info_modules(extravars: Mapping) -> tuple[int, dict, str]:
     """tests/unit/playbooks/node_info.yml on localhost: the collection's *_info modules (this
     clone's plugins/modules and module_utils) each run with the options extravars gives it
     (`ssh`, `pdsh`, `base`), once and again in check mode; the rc, every task's result by
     name (ssh, ssh_checked, pdsh, ...) and the output."""
-    env = {
-        **os.environ,
-        "ANSIBLE_LIBRARY": str(REPO / "plugins" / "modules"),
-        "ANSIBLE_MODULE_UTILS": str(REPO / "plugins" / "module_utils"),
-    }
     playbook = pathlib.Path(__file__).parent / "unit" / "playbooks" / "node_info.yml"
-    more = {"ansible_python_interpreter": sys.executable, **extravars}
-    rc, result, out = run_local_play(playbook, more, "RESULT", env=env)
+    rc, result, out = run_module_play(playbook, extravars)
     assert result is not None, out[-3000:]
     return rc, json.loads(base64.b64decode(result["b64"])), out
 

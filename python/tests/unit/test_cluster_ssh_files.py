@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import pathlib
 import stat
-import sys
 
 from .. import rolefiles
 
@@ -21,21 +20,15 @@ PUBLIC = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIcluster dscluster\n"
 
 
 def run(tmp_path: pathlib.Path, **more: str) -> tuple[int, dict | None, str]:
-    env = {
-        **os.environ,
-        "ANSIBLE_LIBRARY": str(rolefiles.REPO / "plugins" / "modules"),
-        "ANSIBLE_MODULE_UTILS": str(rolefiles.REPO / "plugins" / "module_utils"),
-    }
     extravars = {
         "dir": str(tmp_path),
         "secret": SECRET,
         "public": PUBLIC,
         "key_id": " ".join(PUBLIC.split()[:2]),
         "known_hosts": "n1 ssh-ed25519 AAAAn1\nn2 ssh-ed25519 AAAAn2\n",
-        "ansible_python_interpreter": sys.executable,
         **more,
     }
-    return rolefiles.run_local_play(PLAYBOOK, extravars, "RESULT", env=env)
+    return rolefiles.run_module_play(PLAYBOOK, extravars)
 
 
 def mode(path: pathlib.Path) -> str:
@@ -112,13 +105,7 @@ ROOT_ONLY = "root:$y$j9T$secrethash:20790:0:99999:7:::\n"
 
 
 def run_cases(cases: list[dict]) -> list[tuple[str, bool]]:
-    env = {
-        **os.environ,
-        "ANSIBLE_LIBRARY": str(rolefiles.REPO / "plugins" / "modules"),
-        "ANSIBLE_MODULE_UTILS": str(rolefiles.REPO / "plugins" / "module_utils"),
-    }
-    extravars = {"cases": cases, "ansible_python_interpreter": sys.executable}
-    _, result, out = rolefiles.run_local_play(CASES, extravars, "RESULT", env=env)
+    _, result, out = rolefiles.run_module_play(CASES, {"cases": cases})
     assert result is not None, out[-3000:]
     assert ROOT_ONLY.split(":")[1] not in out  # the target's content is never read out
     return [tuple(r) for r in result]

@@ -9,7 +9,6 @@ import os
 import pathlib
 import pwd
 import re
-import sys
 
 from .. import rolefiles
 
@@ -21,14 +20,7 @@ USER = pwd.getpwuid(os.getuid()).pw_name
 
 def play(root: pathlib.Path, storage: str = "none") -> tuple[int, str]:
     """configure.yml on localhost with the directories under root: rc and output."""
-    env = dict(
-        os.environ,
-        ANSIBLE_ROLES_PATH=str(rolefiles.ROLES),
-        ANSIBLE_LIBRARY=str(rolefiles.REPO / "plugins" / "modules"),
-        ANSIBLE_MODULE_UTILS=str(rolefiles.REPO / "plugins" / "module_utils"),
-    )
     extra = {
-        "ansible_python_interpreter": sys.executable,
         "deepspeed_launcher_user": USER,
         "deepspeed_launcher_shared_storage": storage,
         "deepspeed_launcher_shared_writer": "localhost",
@@ -36,7 +28,9 @@ def play(root: pathlib.Path, storage: str = "none") -> tuple[int, str]:
         "deepspeed_launcher_job_root": str(root / "shared" / "jobs"),
         "deepspeed_launcher_checkpoint_dir": str(root / "node" / "ckpt" / "checkpoints"),
     }
-    rc, _, out = rolefiles.run_local_play(PLAYBOOK, extra, "DONE", env=env)
+    rc, _, out = rolefiles.run_module_play(
+        PLAYBOOK, extra, "DONE", ANSIBLE_ROLES_PATH=str(rolefiles.ROLES)
+    )
     return rc, out
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -280,20 +279,14 @@ def test_cli_state_says_why_a_profile_cannot_work(tmp_path):
 def run_nccl_env_files(node: pathlib.Path, fact: dict, overrides: dict) -> dict:
     """tests/unit/playbooks/nccl_env_files.yml: the module as the nccl_env role runs it, into
     `node` (script, nccl.conf, fact); each run's result by name."""
-    env = {
-        **os.environ,
-        "ANSIBLE_LIBRARY": str(rolefiles.REPO / "plugins" / "modules"),
-        "ANSIBLE_MODULE_UTILS": str(rolefiles.REPO / "plugins" / "module_utils"),
-    }
     playbook = pathlib.Path(__file__).parent / "playbooks" / "nccl_env_files.yml"
     extravars = {
         "dir": str(node),
         "fact": fact,
         "overrides": overrides,
         "script": NCCL_PROFILE.read_text(),
-        "ansible_python_interpreter": sys.executable,
     }
-    rc, result, out = rolefiles.run_local_play(playbook, extravars, "RESULT", env=env)
+    rc, result, out = rolefiles.run_module_play(playbook, extravars)
     assert rc == 0 and result is not None, out[-3000:]
     return json.loads(base64.b64decode(result["b64"]))
 

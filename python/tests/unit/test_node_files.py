@@ -5,10 +5,8 @@ diff writing nothing, and a link where a file is expected refused in one line.""
 
 from __future__ import annotations
 
-import os
 import pathlib
 import stat
-import sys
 
 from .. import rolefiles
 
@@ -16,13 +14,7 @@ PLAYBOOK = pathlib.Path(__file__).parent / "playbooks" / "node_files.yml"
 
 
 def run(tmp_path: pathlib.Path) -> tuple[int, dict | None, str]:
-    env = {
-        **os.environ,
-        "ANSIBLE_LIBRARY": str(rolefiles.REPO / "plugins" / "modules"),
-        "ANSIBLE_MODULE_UTILS": str(rolefiles.REPO / "plugins" / "module_utils"),
-    }
-    extravars = {"dir": str(tmp_path), "ansible_python_interpreter": sys.executable}
-    return rolefiles.run_local_play(PLAYBOOK, extravars, "RESULT", env=env)
+    return rolefiles.run_module_play(PLAYBOOK, {"dir": str(tmp_path)})
 
 
 def mode(path: pathlib.Path) -> str:
