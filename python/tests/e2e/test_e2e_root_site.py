@@ -53,6 +53,7 @@ def task_hosts(stdout: str, task: str, status: str) -> list[str]:
 
 
 LOGINS = "cluster_ssh : Log in from this node to every node as the training user"
+PDSH_CHECK = "pdsh : Run hostname on every host with pdsh from the head"
 
 
 def ansible_playbook(
@@ -81,6 +82,9 @@ def test_ansible_playbook_site_yml_from_the_root(cluster: pathlib.Path):
     # The SSH mesh these keys, hosts and known_hosts make was proved by the provision before
     # (recorded on the controller): no node logs in to every node again.
     assert task_hosts(proc.stdout, LOGINS, "skipping") == sorted(recap), proc.stdout[-4000:]
+    # Nor does the head run pdsh across the cluster again (its last passing check is recorded).
+    head = f"{cluster.name}-n1"
+    assert task_hosts(proc.stdout, PDSH_CHECK, "skipping") == [head], proc.stdout[-4000:]
 
 
 def test_the_cluster_scenarios_verify_passes_on_the_e2e_cluster(cluster: pathlib.Path):
@@ -122,6 +126,7 @@ TAMPERED = {
     "node_facts : Install the accelerators fact": (
         "echo '# edited' >> /etc/ansible/facts.d/accelerators.fact"
     ),
+    "pdsh : Make ssh pdsh's default remote command": "rm /etc/pdsh/rcmd_default",
     "ml_stack : Record the versions manifest as a local fact": (
         'sed -i \'s|"venv": "/opt/dscluster/venv"|"venv": "/opt/other"|\' '
         "/etc/ansible/facts.d/ml_stack.fact"
@@ -141,15 +146,17 @@ def test_a_tampered_node_is_written_again_and_only_there(cluster: pathlib.Path):
     assert sorted(changed_tasks(proc.stdout)) == sorted(f"{t}: {host}" for t in TAMPERED)
     # Only the node whose SSH files were written again logs in to every node again.
     assert task_hosts(proc.stdout, LOGINS, "ok") == [host], proc.stdout[-4000:]
+    # pdsh was configured again on one node: the head runs the pdsh check across the cluster.
+    assert task_hosts(proc.stdout, PDSH_CHECK, "ok") == [f"{cluster.name}-n1"], proc.stdout[-4000:]
     after = sh(
         f"dsc-{host}",
         "stat -c %a /etc/hosts; grep -c '^127.0.1.1' /etc/hosts || true; "
         "grep -c NCCL_SOCKET_IFNAME=ib9 /etc/nccl.conf || true; getent passwd ds | cut -d: -f7; "
         "grep -c '^# edited' /etc/ansible/facts.d/accelerators.fact || true; "
         'grep -o \'"venv": "[^"]*"\' /etc/ansible/facts.d/ml_stack.fact; '
-        "stat -c %a /home/ds/.ssh/authorized_keys",
+        "stat -c %a /home/ds/.ssh/authorized_keys; cat /etc/pdsh/rcmd_default",
     ).split("\n")
-    assert after[:7] == [
+    assert after[:8] == [
         "644",
         "0",
         "0",
@@ -157,6 +164,7 @@ def test_a_tampered_node_is_written_again_and_only_there(cluster: pathlib.Path):
         "0",
         '"venv": "/opt/dscluster/venv"',
         "600",
+        "ssh",
     ], after
     block = sh(f"dsc-{host}", "sed -n '/# BEGIN dscluster/,/# END dscluster/p' /etc/hosts")
     assert [line.split()[1] for line in block.splitlines()[1:-1]] == [
