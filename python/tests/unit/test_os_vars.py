@@ -35,6 +35,7 @@ WANTED = {
     "cuda_toolkit": [
         "cuda_toolkit_repo_url",
         "cuda_toolkit_repo_key_url",
+        "cuda_toolkit_repo_key_fingerprints",
         "__cuda_toolkit_repo_file",
         "__cuda_toolkit_keyring",
         "__cuda_toolkit_pins",
@@ -42,6 +43,7 @@ WANTED = {
     "nvidia_driver": [
         "nvidia_driver_repo_url",
         "nvidia_driver_repo_key_url",
+        "nvidia_driver_repo_key_fingerprints",
         "__nvidia_driver_repos",
         "__nvidia_driver_packages",
         "__nvidia_driver_install_names",
@@ -148,20 +150,35 @@ CUDA_REPOS = {
     "ubuntu2204": "ubuntu2204",
     "ubuntu2404": "ubuntu2404",
 }
+# Each repository's signing key there and its primary fingerprint. 3bf863cc: NVIDIA's driver
+# installation guide ("GPG Keys Used to Sign the Packages") and the debian12 listing. Debian 13's
+# repository is signed by a key of its own, 8793F200 ("Kitmaker (Debian 13 Trixie)
+# <kitmaker@nvidia.com>"), which a public Chef recipe pins beside 3bf863cc for Debian 12 and
+# Ubuntu 24.04, and a public CI job checks against the debian13 InRelease's signature (both
+# found with the code search; NVIDIA's own page for it was not reachable here).
+NVIDIA_KEYS = {
+    "debian12": ("3bf863cc.pub", "EB693B3035CD5710E231E123A4B469963BF863CC"),
+    "debian13": ("8793F200.pub", "02182E60104FCDC26EAE1B8597A5D4CB8793F200"),
+    "ubuntu2204": ("3bf863cc.pub", "EB693B3035CD5710E231E123A4B469963BF863CC"),
+    "ubuntu2404": ("3bf863cc.pub", "EB693B3035CD5710E231E123A4B469963BF863CC"),
+}
 
 
 @pytest.mark.parametrize("name", OSES)
 def test_cuda_repository_and_file_names_follow_nvidias_directories(rendered, name):
     repo = CUDA_REPOS[name]
+    key, fingerprint = NVIDIA_KEYS[name]
     for role in ("cuda_toolkit", "nvidia_driver"):
         values = rendered[name][role]
         assert values[f"{role}_repo_url"] == f"{CUDA}/{repo}/x86_64/"
-        assert values[f"{role}_repo_key_url"] == f"{CUDA}/{repo}/x86_64/3bf863cc.pub"
+        assert values[f"{role}_repo_key_url"] == f"{CUDA}/{repo}/x86_64/{key}"
+        assert values[f"{role}_repo_key_fingerprints"] == [fingerprint]
     # cuda-keyring's own source file name: /etc/apt/sources.list.d/cuda-<repo>-x86_64.list
     assert rendered[name]["cuda_toolkit"]["__cuda_toolkit_repo_file"] == f"cuda-{repo}-x86_64"
     nvidia = rendered[name]["nvidia_driver"]["__nvidia_driver_repos"]["nvidia"]
     assert nvidia["filename"] == f"cuda-{repo}-x86_64" and nvidia["suite"] == "/"
     assert nvidia["keyring"] == "/usr/share/keyrings/cuda-archive-keyring.gpg"
+    assert nvidia["key_fingerprints"] == [fingerprint]
 
 
 # Driver packages in NVIDIA's repository. Debian: NVIDIA repackages Debian's names
