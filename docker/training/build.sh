@@ -15,10 +15,11 @@ lock=$wheelhouse/lock.json
 [ -f "$lock" ] && [ -f "$wheelhouse/requirements.lock" ] \
   || die "$wheelhouse has no lock.json/requirements.lock; run 'dscluster provision' first (it assembles the wheelhouse under ~/.cache/dscluster/wheelhouse)"
 
-read -r accel torch_spec < <(python3 -c '
-import json, sys
+read -r accel torch_spec pytag < <(python3 -c '
+import json, re, sys
 lock = json.load(open(sys.argv[1]))
-print(lock.get("accelerator", "cpu"), lock["torch"])' "$lock")
+tag = re.search(r"-(cp3[0-9]+)-", lock.get("key", ""))
+print(lock.get("accelerator", "cpu"), lock["torch"], tag.group(1) if tag else "unknown")' "$lock")
 
 case "$variant" in
   cpu)   want=cpu ;;
@@ -29,9 +30,19 @@ esac
 [ "$accel" = "$want" ] \
   || die "the wheelhouse $wheelhouse is built for '$accel' ($torch_spec), not for the $variant variant; provision a $variant cluster (or pick that wheelhouse)"
 
+# The default bases' Python must be the one the wheels were built for (a cp313 wheelhouse
+# from Debian 13 nodes needs a trixie base; pip would refuse its wheels on bookworm).
+need_python() {
+  [ "$pytag" = "$1" ] || [ "$pytag" = unknown ] \
+    || die "the wheelhouse $wheelhouse is built for Python $pytag, but the default $variant base $base runs $1; pass a BASE_IMAGE with that Python or pick a $1 wheelhouse"
+}
 if [ -z "$base" ]; then
   case "$variant" in
-    cpu) base=debian:bookworm ;;
+    cpu)
+      case "$pytag" in
+        cp313) base=debian:trixie ;;
+        *) base=debian:bookworm; need_python cp311 ;;
+      esac ;;
     cuda)
       # CUDA user space matching the torch wheel's CUDA (the driver comes from the host).
       case "$torch_spec" in
@@ -39,7 +50,8 @@ if [ -z "$base" ]; then
         *+cu128) base=nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04 ;;
         *+cu130) base=nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04 ;;
         *) die "no CUDA base image known for $torch_spec; pass BASE_IMAGE" ;;
-      esac ;;
+      esac
+      need_python cp312 ;;
     gaudi)
       synapse=${SYNAPSEAI:-1.21.1}
       torch_version=${torch_spec#torch==}
@@ -52,6 +64,11 @@ tag=dscluster/training:$variant-$tag_hash
 if docker image inspect "$tag" >/dev/null 2>&1; then
   echo "$tag"; exit 0
 fi
+
+# Debian bases come from base-image.sh: present, pulled, or built with debootstrap.
+case "$base" in
+  debian:*) bash "$here/../base-image.sh" "$base" ;;
+esac
 
 ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT

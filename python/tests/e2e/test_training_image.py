@@ -29,7 +29,8 @@ def sh(*argv: str, check: bool = True, timeout: int = 1800) -> subprocess.Comple
 
 
 def cpu_wheelhouse() -> pathlib.Path:
-    """The newest complete CPU wheelhouse in the dscluster cache."""
+    """The newest complete CPU wheelhouse in the dscluster cache, one for the default node
+    image's Python (cp311, Debian 12) first: a cache may also hold a trixie node's cp313 one."""
     cache = pathlib.Path(
         os.environ.get("DSCLUSTER_CACHE", pathlib.Path.home() / ".cache" / "dscluster")
     )
@@ -39,10 +40,10 @@ def cpu_wheelhouse() -> pathlib.Path:
         if data.get("accelerator", "cpu") == "cpu" and any(
             w.startswith("deepspeed-") for w in data["wheels"]
         ):
-            found.append((lock.stat().st_mtime, lock.parent))
+            found.append(("-cp311-" in lock.parent.name, lock.stat().st_mtime, lock.parent))
     if not found:
         pytest.fail(f"no CPU wheelhouse under {cache}/wheelhouse; run 'make demo' first")
-    return max(found)[1]
+    return max(found)[2]
 
 
 def cleanup() -> None:
@@ -62,6 +63,17 @@ def test_variant_must_match_the_wheelhouse():
     proc = sh("bash", str(BUILD), "cuda", str(cpu_wheelhouse()), check=False)
     assert proc.returncode != 0
     assert "built for 'cpu'" in proc.stderr and "cuda variant" in proc.stderr
+
+
+def test_python_must_match_the_default_base(tmp_path):
+    """A wheelhouse for a Python no default base runs is refused before Docker is asked."""
+    lock = json.loads((cpu_wheelhouse() / "lock.json").read_text())
+    lock["key"] = lock["key"].replace("-cp311-", "-cp310-").replace("-cp313-", "-cp310-")
+    (tmp_path / "lock.json").write_text(json.dumps(lock))
+    (tmp_path / "requirements.lock").write_text("")
+    proc = sh("bash", str(BUILD), "cpu", str(tmp_path), check=False)
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert "built for Python cp310" in proc.stderr and "runs cp311" in proc.stderr
 
 
 def test_two_containers_run_the_locked_stack_over_pdsh(image, tmp_path):
