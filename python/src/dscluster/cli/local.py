@@ -9,6 +9,7 @@ from rich.console import Console
 
 from .. import validate
 from ..errors import DsclusterError
+from ..sources.local import DEFAULT_BASE
 from ..sources.names import check_cluster_name
 from ..validate import IMAGE_REF_RE
 from . import flags
@@ -89,7 +90,7 @@ def register(sub) -> None:
     up.add_argument(
         "--base",
         type=base_ref_type,
-        help="build the node image on this base (default debian:bookworm; debian:trixie for "
+        help=f"build the node image on this base (default {DEFAULT_BASE}; debian:trixie for "
         "Debian 13 nodes); remembered for later 'local up' runs of the cluster",
     )
     up.set_defaults(func=cmd_local_up, check=check_local_up)
@@ -101,7 +102,7 @@ def register(sub) -> None:
     image.add_argument(
         "--base",
         type=base_ref_type,
-        default="debian:bookworm",
+        default=DEFAULT_BASE,
         help="base image (pulled or built)",
     )
     image.set_defaults(func=cmd_image)
