@@ -9,7 +9,6 @@ from rich.console import Console
 
 from .. import validate
 from ..errors import DsclusterError
-from ..sources.local import DEFAULT_BASE
 from ..sources.names import check_cluster_name
 from ..validate import IMAGE_REF_RE
 from . import flags
@@ -90,7 +89,7 @@ def register(sub) -> None:
     up.add_argument(
         "--base",
         type=base_ref_type,
-        help=f"build the node image on this base (default {DEFAULT_BASE}; debian:trixie for "
+        help="build the node image on this base (default debian:bookworm; debian:trixie for "
         "Debian 13 nodes); remembered for later 'local up' runs of the cluster",
     )
     up.set_defaults(func=cmd_local_up, check=check_local_up)
@@ -102,7 +101,7 @@ def register(sub) -> None:
     image.add_argument(
         "--base",
         type=base_ref_type,
-        default=DEFAULT_BASE,
+        default="debian:bookworm",
         help="base image (pulled or built)",
     )
     image.set_defaults(func=cmd_image)
