@@ -2,7 +2,8 @@
 
 Only what differs is written, atomically; a link, a FIFO, a file with other hard links, or a
 file or directory of another owner is refused with one line naming it. Shared by the
-collection's modules (cluster_ssh_files, node_files).
+collection's modules (cluster_ssh_files, node_files) and, on the controller, by the
+controller_files action.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import os
 try:
     from ansible.module_utils import safe_fs  # type: ignore[attr-defined]
 except ImportError:
-    from ansible_collections.dscluster.cluster.plugins.module_utils import safe_fs
+    try:
+        from ansible_collections.dscluster.cluster.plugins.module_utils import safe_fs
+    except ImportError:  # the controller_files action without the collection on its path
+        import safe_fs  # type: ignore[no-redef]
 
 
 # What a write refuses or fails on: the module reports it in one line naming the path.
@@ -163,6 +167,12 @@ class Writes:
         for spec in specs:
             need(spec, "content")
             self.whole(spec, str(spec["content"]), show=True)
+
+    def apply(self, directories: list[dict], files: list[dict]) -> None:
+        """The directories (missing parents made), then the files, in order."""
+        for spec in directories:
+            self.directory(spec, make_parents=True)
+        self.files(files)
 
     def result(self) -> dict:
         """The module's result: changed, the paths written, and the diffs where asked."""

@@ -71,9 +71,7 @@ def main() -> None:
     )
     run = file_writes.Writes(module.check_mode, module._diff)
     try:
-        for spec in module.params["directories"]:
-            run.directory(spec, make_parents=True)
-        run.files(module.params["files"])
+        run.apply(module.params["directories"], module.params["files"])
     except file_writes.ERRORS as exc:
         module.fail_json(msg=f"node_files: {exc}", written=run.written)
     module.exit_json(**run.result())

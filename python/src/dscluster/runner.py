@@ -292,6 +292,15 @@ def ansible_env() -> dict[str, str]:
             for p in (str(root / "plugins" / "modules"), os.environ.get("ANSIBLE_LIBRARY", ""))
             if p
         ),
+        # and its actions (controller_files), as ansible.cfg's `action_plugins`
+        "ANSIBLE_ACTION_PLUGINS": os.pathsep.join(
+            p
+            for p in (
+                str(root / "plugins" / "action"),
+                os.environ.get("ANSIBLE_ACTION_PLUGINS", ""),
+            )
+            if p
+        ),
         **switches,
     }
     if enabled := callbacks_enabled(switches):

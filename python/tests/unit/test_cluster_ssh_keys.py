@@ -52,7 +52,7 @@ def test_the_key_pair_is_made_once_then_skipped_until_a_mode_or_a_half_differs(t
     _, status = run(key_dir)
     assert modes(key_dir) == ["0o700", "0o600", "0o600"]
     assert set(status.values()) == {"ok"}
-    # a directory opened to others: the file module closes it again
+    # a directory opened to others: controller_files closes it again
     key_dir.chmod(0o755)
     _, status = run(key_dir)
     assert status["Create the controller key directory"] == "changed"

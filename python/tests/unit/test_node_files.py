@@ -1,31 +1,42 @@
 """The collection's one-run writer of directories and whole files
 (plugins/modules/node_files.py, what nccl_env writes with) run by Ansible on localhost:
 missing parents made, each file written only where it differs, idempotent, check mode and
-diff writing nothing, and a link where a file is expected refused in one line."""
+diff writing nothing, and a link where a file is expected refused in one line. The same for
+its controller side, the controller_files action (plugins/action), which writes in the
+task's worker with no module run."""
 
 from __future__ import annotations
 
 import pathlib
 import stat
 
+import pytest
+
 from .. import rolefiles
 
 PLAYBOOK = pathlib.Path(__file__).parent / "playbooks" / "node_files.yml"
+WRITERS = ["node_files", "controller_files"]
 
 
-def run(tmp_path: pathlib.Path) -> tuple[int, dict | None, str]:
-    return rolefiles.run_module_play(PLAYBOOK, {"dir": str(tmp_path)})
+def run(
+    tmp_path: pathlib.Path, writer: str = "node_files", **env: str
+) -> tuple[int, dict | None, str]:
+    """node_files.yml with its tasks calling `writer` (the playbook lies beside tmp_path)."""
+    playbook = tmp_path.parent / f"{tmp_path.name}-{writer}.yml"
+    playbook.write_text(PLAYBOOK.read_text().replace("node_files:", f"{writer}:"))
+    return rolefiles.run_module_play(playbook, {"dir": str(tmp_path)}, **env)
 
 
 def mode(path: pathlib.Path) -> str:
     return oct(stat.S_IMODE(path.stat().st_mode))
 
 
-def test_writes_what_differs_once_and_check_mode_writes_nothing(tmp_path):
+@pytest.mark.parametrize("writer", WRITERS)
+def test_writes_what_differs_once_and_check_mode_writes_nothing(tmp_path, writer):
     (tmp_path / "nccl.conf").write_text("NCCL_DEBUG=WARN\n")  # as wanted
     (tmp_path / "nccl.conf").chmod(0o666)  # but open to everyone
 
-    rc, result, out = run(tmp_path)
+    rc, result, out = run(tmp_path, writer)
     assert rc == 0 and result is not None, out[-3000:]
     first = result["first"]
     assert first["changed"] is True
@@ -63,12 +74,24 @@ def test_writes_what_differs_once_and_check_mode_writes_nothing(tmp_path):
     ], missing
 
 
-def test_a_link_where_a_file_goes_is_refused_and_its_target_left_alone(tmp_path):
+@pytest.mark.parametrize("writer", WRITERS)
+def test_a_link_where_a_file_goes_is_refused_and_its_target_left_alone(tmp_path, writer):
     target = tmp_path / "elsewhere"
     target.write_text("root's\n")
     (tmp_path / "facts.d").mkdir(mode=0o755)
     (tmp_path / "nccl.conf").symlink_to(target)
-    rc, _result, out = run(tmp_path)
+    rc, _result, out = run(tmp_path, writer)
     assert rc != 0
-    assert f"node_files: {tmp_path / 'nccl.conf'} is a symbolic link" in out, out[-3000:]
+    assert f"{writer}: {tmp_path / 'nccl.conf'} is a symbolic link" in out, out[-3000:]
     assert target.read_text() == "root's\n"
+
+
+def test_controller_files_without_its_action_fails_in_one_line(tmp_path):
+    """Where a configuration finds the documentation module but not the action, the module
+    says so and writes nothing (it would run on the target, not the controller)."""
+    empty = tmp_path / "no-actions"
+    empty.mkdir()
+    rc, _result, out = run(tmp_path, "controller_files", ANSIBLE_ACTION_PLUGINS=str(empty))
+    assert rc != 0
+    assert "controller_files runs on the controller through its action plugin" in out, out[-3000:]
+    assert not (tmp_path / "opt").exists()

@@ -297,3 +297,16 @@ def test_the_collection_modules_are_on_the_module_path(monkeypatch):
     first, mine = runner.ansible_env()["ANSIBLE_LIBRARY"].split(os.pathsep)
     assert (pathlib.Path(first) / "cluster_ssh_files.py").is_file()
     assert mine == "/opt/mine"
+
+
+def test_the_collection_actions_are_on_the_action_path(monkeypatch):
+    """And its actions (controller_files) likewise, before a user's ANSIBLE_ACTION_PLUGINS;
+    without one set, the collection's alone."""
+    from dscluster import runner  # noqa: PLC0415
+
+    monkeypatch.setenv("ANSIBLE_ACTION_PLUGINS", "/opt/mine")
+    first, mine = runner.ansible_env()["ANSIBLE_ACTION_PLUGINS"].split(os.pathsep)
+    assert (pathlib.Path(first) / "controller_files.py").is_file()
+    assert mine == "/opt/mine"
+    monkeypatch.delenv("ANSIBLE_ACTION_PLUGINS")
+    assert runner.ansible_env()["ANSIBLE_ACTION_PLUGINS"] == first

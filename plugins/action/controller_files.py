@@ -1,0 +1,44 @@
+"""The controller_files action: node_files' directories and whole files, written on the
+controller by the task's own worker, with no module run.
+
+A record the controller keeps (what a check proved, a cluster's key directory) cost a copy or
+file module run each, two processes for copy; this writes it in the worker, through the same
+code (plugins/module_utils/file_writes.py) and the same refusals as node_files.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ansible.plugins.action import ActionBase
+
+# This plugin's own module_utils (a clone's or an installed collection's), not another
+# installed version's: file_writes finds safe_fs through the collection when it is on the
+# path, beside itself when not (molecule, plain runs from a clone).
+_UTILS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
+if _UTILS not in sys.path:
+    sys.path.insert(0, _UTILS)
+import file_writes  # type: ignore[import-not-found]  # noqa: E402
+
+SPEC = {
+    "directories": {"type": "list", "elements": "dict", "default": []},
+    "files": {"type": "list", "elements": "dict", "default": []},
+}
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _supports_check_mode = True
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        _, args = self.validate_argument_spec(argument_spec=SPEC)
+        writes = file_writes.Writes(self._task.check_mode, self._task.diff)
+        try:
+            writes.apply(args["directories"], args["files"])
+        except file_writes.ERRORS as exc:
+            result.update(failed=True, msg=f"controller_files: {exc}", written=writes.written)
+            return result
+        result.update(writes.result())
+        return result
