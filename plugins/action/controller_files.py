@@ -13,9 +13,8 @@ import sys
 
 from ansible.plugins.action import ActionBase
 
-# This plugin's own module_utils (a clone's or an installed collection's), not another
-# installed version's: file_writes finds safe_fs through the collection when it is on the
-# path, beside itself when not (molecule, plain runs from a clone).
+# This plugin's own module_utils (a clone's or an installed collection's), never another
+# installed version's: file_writes then takes the safe_fs beside it.
 _UTILS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "module_utils")
 if _UTILS not in sys.path:
     sys.path.insert(0, _UTILS)

@@ -9,16 +9,19 @@ controller_files action.
 from __future__ import annotations
 
 import os
+import sys
 
 # A clone's own first (its ansible.cfg names plugins/module_utils), so that an installed
 # collection of another version in ~/.ansible never lends a clone's module its helpers.
+# On the controller (the controller_files action, which puts this directory on sys.path) the
+# safe_fs beside this file, whatever collections are installed.
 try:
     from ansible.module_utils import safe_fs  # type: ignore[attr-defined]
 except ImportError:
-    try:
-        from ansible_collections.dscluster.cluster.plugins.module_utils import safe_fs
-    except ImportError:  # the controller_files action without the collection on its path
+    if os.path.dirname(os.path.abspath(__file__)) in sys.path:
         import safe_fs  # type: ignore[no-redef]
+    else:
+        from ansible_collections.dscluster.cluster.plugins.module_utils import safe_fs
 
 
 # What a write refuses or fails on: the module reports it in one line naming the path.

@@ -55,7 +55,7 @@ written:
 
 def main() -> None:
     # The action validates the options; the module only names them, then says what is missing.
-    spec = dict.fromkeys(("directories", "files"), {"type": "list", "elements": "dict"})
+    spec = {name: {"type": "list", "elements": "dict"} for name in ("directories", "files")}
     module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
     module.fail_json(
         msg="controller_files runs on the controller through its action plugin; add the "
