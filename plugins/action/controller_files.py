@@ -9,6 +9,7 @@ code (plugins/module_utils/file_writes.py) and the same refusals as node_files.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 from ansible.plugins.action import ActionBase
@@ -23,7 +24,22 @@ import file_writes  # type: ignore[import-not-found]  # noqa: E402
 SPEC = {
     "directories": {"type": "list", "elements": "dict", "default": []},
     "files": {"type": "list", "elements": "dict", "default": []},
+    "absent": {"type": "list", "elements": "path", "default": []},
 }
+
+
+def remove(path: str, check_mode: bool) -> bool:
+    """Remove path (a link itself, not what it names; a directory with all below it)."""
+    if not os.path.isabs(path) or ".." in path.split(os.sep):
+        raise ValueError(f"{path} is not an absolute path without '..'")
+    if not os.path.lexists(path):
+        return False
+    if not check_mode:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)  # fd-based on Linux: it follows no link below path
+        else:
+            os.unlink(path)
+    return True
 
 
 class ActionModule(ActionBase):
@@ -34,10 +50,13 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         _, args = self.validate_argument_spec(argument_spec=SPEC)
         writes = file_writes.Writes(self._task.check_mode, self._task.diff)
+        removed = []
         try:
             writes.apply(args["directories"], args["files"])
+            removed = [p for p in args["absent"] if remove(p, self._task.check_mode)]
         except file_writes.ERRORS as exc:
             result.update(failed=True, msg=f"controller_files: {exc}", written=writes.written)
             return result
-        result.update(writes.result())
+        result.update(writes.result(), removed=removed)
+        result["changed"] = result["changed"] or bool(removed)
         return result

@@ -31,6 +31,13 @@ options:
     type: list
     elements: dict
     default: []
+  absent:
+    description: >-
+      Absolute paths removed last: a link itself (not what it names), a directory with all
+      below it. A path already gone changes nothing.
+    type: list
+    elements: path
+    default: []
 author: dscluster
 """
 
@@ -50,12 +57,16 @@ written:
     The paths on the controller that this run made or wrote, or that check mode would have.
   type: list
   returned: always
+removed:
+  description: The paths of `absent` that this run removed, or that check mode would have.
+  type: list
+  returned: always
 """
 
 
 def main() -> None:
     # The action validates the options; the module only names them, then says what is missing.
-    spec = {name: {"type": "list", "elements": "dict"} for name in ("directories", "files")}
+    spec = {name: {"type": "raw"} for name in ("directories", "files", "absent")}
     module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
     module.fail_json(
         msg="controller_files runs on the controller through its action plugin; add the "

@@ -95,3 +95,60 @@ def test_controller_files_without_its_action_fails_in_one_line(tmp_path):
     assert rc != 0
     assert "controller_files runs on the controller through its action plugin" in out, out[-3000:]
     assert not (tmp_path / "opt").exists()
+
+
+ABSENT_PLAY = """
+- name: Remove with controller_files
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: In check mode
+      controller_files:
+        absent: ["{{ dir }}/transfer", "{{ dir }}/link", "{{ dir }}/gone"]
+      check_mode: true
+      register: __checked
+    - name: For real
+      controller_files:
+        absent: ["{{ dir }}/transfer", "{{ dir }}/link", "{{ dir }}/gone"]
+      register: __removed
+    - name: Again
+      controller_files:
+        absent: ["{{ dir }}/transfer", "{{ dir }}/link"]
+      register: __again
+    - name: Print the results
+      ansible.builtin.debug:
+        msg: "RESULT {{ {'checked': __checked, 'removed': __removed, 'again': __again} | to_json }}"
+"""
+
+
+def test_controller_files_removes_links_and_trees_without_following_a_link(tmp_path):
+    """`absent`: the transfer directory of ml_stack's wheel copy and the like. A directory
+    goes with all below it, a link inside it or in its place goes itself and what it names
+    stays; check mode removes nothing; a path already gone is no change."""
+    work, outside = tmp_path / "work", tmp_path / "outside"
+    (work / "transfer" / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "keep.txt").write_text("kept\n")
+    (work / "transfer" / "sub" / "a.tar").write_text("x")
+    (work / "transfer" / "to-outside").symlink_to(outside)
+    (work / "link").symlink_to(outside / "keep.txt")
+    playbook = tmp_path / "absent.yml"
+    playbook.write_text(ABSENT_PLAY)
+    rc, result, out = rolefiles.run_module_play(playbook, {"dir": str(work)})
+    assert rc == 0 and result is not None, out[-3000:]
+    two = [str(work / "transfer"), str(work / "link")]
+    assert result["checked"]["changed"] is True and result["checked"]["removed"] == two
+    assert result["removed"]["changed"] is True and result["removed"]["removed"] == two
+    assert result["again"]["changed"] is False and result["again"]["removed"] == []
+    assert sorted(p.name for p in work.iterdir()) == []
+    assert (outside / "keep.txt").read_text() == "kept\n"
+
+
+def test_controller_files_refuses_a_relative_path_to_remove(tmp_path):
+    playbook = tmp_path / "absent.yml"
+    playbook.write_text(ABSENT_PLAY.replace('"{{ dir }}/transfer"', '"transfer"'))
+    (tmp_path / "transfer").mkdir()
+    rc, _result, out = rolefiles.run_module_play(playbook, {"dir": str(tmp_path)})
+    assert rc != 0
+    assert "controller_files: transfer is not an absolute path" in out, out[-3000:]
+    assert (tmp_path / "transfer").is_dir()
