@@ -8,6 +8,7 @@ code (plugins/module_utils/file_writes.py) and the same refusals as node_files.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -50,9 +51,17 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         _, args = self.validate_argument_spec(argument_spec=SPEC)
         writes = file_writes.Writes(self._task.check_mode, self._task.diff)
+        # ansible-core before 2.19 turns a templated string that reads as JSON into a dict,
+        # as copy's content: written back as to_nice_json writes it.
+        files = [
+            {**f, "content": json.dumps(f["content"], indent=4, sort_keys=True) + "\n"}
+            if isinstance(f.get("content"), (dict, list))
+            else f
+            for f in args["files"]
+        ]
         removed = []
         try:
-            writes.apply(args["directories"], args["files"])
+            writes.apply(args["directories"], files)
             removed = [p for p in args["absent"] if remove(p, self._task.check_mode)]
         except file_writes.ERRORS as exc:
             result.update(failed=True, msg=f"controller_files: {exc}", written=writes.written)

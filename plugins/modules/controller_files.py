@@ -27,7 +27,10 @@ options:
     elements: dict
     default: []
   files:
-    description: Files written whole (path, content, mode), after the directories.
+    description: >-
+      Files written whole (path, content, mode), after the directories. A content that is a
+      mapping or a list (older ansible-core reads a templated JSON string as one) is written
+      as JSON, indented by 4 with sorted keys.
     type: list
     elements: dict
     default: []

@@ -152,3 +152,20 @@ def test_controller_files_refuses_a_relative_path_to_remove(tmp_path):
     assert rc != 0
     assert "controller_files: transfer is not an absolute path" in out, out[-3000:]
     assert (tmp_path / "transfer").is_dir()
+
+
+def test_controller_files_writes_a_mapping_content_as_json(tmp_path):
+    """What copy's content did with a mapping: ansible-core before 2.19 hands a templated
+    to_nice_json string over as one."""
+    playbook = tmp_path / "mapping.yml"
+    playbook.write_text(
+        "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+        "    - controller_files:\n"
+        "        files:\n"
+        "          - {path: '{{ dir }}/r.json', content: {b: [1], a: x}, mode: '0600'}\n"
+    )
+    rc, _result, out = rolefiles.run_module_play(playbook, {"dir": str(tmp_path)})
+    assert rc == 0, out[-3000:]
+    written = (tmp_path / "r.json").read_text()
+    assert written == '{\n    "a": "x",\n    "b": [\n        1\n    ]\n}\n'
+    assert oct((tmp_path / "r.json").stat().st_mode & 0o777) == "0o600"
