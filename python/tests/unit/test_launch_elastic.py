@@ -221,6 +221,10 @@ WORKER = (
     "echo $! > w.pid\n"
 )
 END_ON_2 = "sleep 4; kill $(cat w.pid); "
+# The tests that look for the restarted worker start it before pdsh's loss line (the agents
+# may restart before ssh notices the lost node): the watcher probes at once on that line, and
+# a worker started after it raced the probe (a busy machine lost that race; the next probe
+# is 5 s later, after END_ON_2).
 
 
 def test_elastic_watch_leaves_a_lost_node_to_the_agents_and_passes_their_success(
@@ -230,7 +234,7 @@ def test_elastic_watch_leaves_a_lost_node_to_the_agents_and_passes_their_success
     # 2 agents, the job's end on them, then pdsh's own exit for h3's session.
     proc, started, marker = watch(
         tmp_path,
-        LOST_H3 + WORKER.format(n=2, r=1) + END_ON_2 + "echo 'h1: done'\nexit 255\n",
+        WORKER.format(n=2, r=1) + LOST_H3 + END_ON_2 + "echo 'h1: done'\nexit 255\n",
         "--elastic", "2", "--elastic-bound", "30",
     )  # fmt: skip
     out, _ = proc.communicate(timeout=60)
@@ -305,7 +309,7 @@ def test_elastic_watch_keeps_a_failure_of_the_nodes_left(tmp_path, fake_pdsh):
     # h3 lost and left behind, but h2's agent then failed too: pdsh's status stands.
     proc, _, _ = watch(
         tmp_path,
-        LOST_H3 + WORKER.format(n=2, r=1)
+        WORKER.format(n=2, r=1) + LOST_H3
         + END_ON_2 + "echo 'pdsh@h1: h2: ssh exited with exit code 1'\nexit 255\n",
         "--elastic", "2",
     )  # fmt: skip
