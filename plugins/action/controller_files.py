@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import sys
 
 from ansible.plugins.action import ActionBase
@@ -30,16 +31,25 @@ SPEC = {
 
 
 def remove(path: str, check_mode: bool) -> bool:
-    """Remove path (a link itself, not what it names; a directory with all below it)."""
-    if not os.path.isabs(path) or ".." in path.split(os.sep):
-        raise ValueError(f"{path} is not an absolute path without '..'")
+    """Remove path (a link itself, not what it names; a directory with all below it), its
+    parent reached as the writes reach theirs (safe_fs.walk: no link, no directory of an
+    untrusted owner or open to others' writes)."""
+    path = path.rstrip("/")
+    parent_path, name = os.path.split(path)
+    if not path.startswith("/") or name in ("", ".", ".."):
+        raise file_writes.safe_fs.UnsafePath(f"{path} is not an absolute path to remove")
     if not os.path.lexists(path):
         return False
-    if not check_mode:
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)  # fd-based on Linux: it follows no link below path
-        else:
-            os.unlink(path)
+    parent, _ = file_writes.safe_fs.walk(parent_path, frozenset({0, os.geteuid()}))
+    try:
+        st = os.lstat(name, dir_fd=parent)
+        if not check_mode:
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(path)  # fd-based on Linux: it follows no link below path
+            else:
+                os.unlink(name, dir_fd=parent)
+    finally:
+        os.close(parent)
     return True
 
 

@@ -253,18 +253,22 @@ def mitogen_strategy_dir() -> pathlib.Path | None:
     return pathlib.Path(next(iter(spec.submodule_search_locations))) / "plugins" / "strategy"
 
 
+def _ours_first(ours: pathlib.Path, var: str) -> str:
+    """A path list: the collection's own directory, then what the user's `var` names."""
+    return os.pathsep.join(p for p in (str(ours), os.environ.get(var, "")) if p)
+
+
 def ansible_env() -> dict[str, str]:
     """The environment every playbook runs with: the collection this client belongs to, and
     the settings dscluster relies on (host keys checked, caches under the user's cache dir),
     whatever ansible.cfg the user's working directory has."""
     root = paths.collection_root()
     cache = cache_dir()
-    user_collections = os.environ.get("ANSIBLE_COLLECTIONS_PATH", "")
     config = root / "ansible.cfg"
     switches = callback_switches()
     env = {
-        "ANSIBLE_COLLECTIONS_PATH": os.pathsep.join(
-            p for p in (str(paths.collections_path()), user_collections) if p
+        "ANSIBLE_COLLECTIONS_PATH": _ours_first(
+            paths.collections_path(), "ANSIBLE_COLLECTIONS_PATH"
         ),
         "ANSIBLE_ROLES_PATH": str(root / "roles"),
         "ANSIBLE_HOST_KEY_CHECKING": "True",
@@ -287,19 +291,10 @@ def ansible_env() -> dict[str, str]:
         "ANSIBLE_CALLBACK_PLUGINS": str(root / "plugins" / "callback"),
         # the collection's modules (cluster_ssh_files) by the short names its roles use, as
         # ansible.cfg's `library`; a user's own module path after them
-        "ANSIBLE_LIBRARY": os.pathsep.join(
-            p
-            for p in (str(root / "plugins" / "modules"), os.environ.get("ANSIBLE_LIBRARY", ""))
-            if p
-        ),
+        "ANSIBLE_LIBRARY": _ours_first(root / "plugins" / "modules", "ANSIBLE_LIBRARY"),
         # and its actions (controller_files), as ansible.cfg's `action_plugins`
-        "ANSIBLE_ACTION_PLUGINS": os.pathsep.join(
-            p
-            for p in (
-                str(root / "plugins" / "action"),
-                os.environ.get("ANSIBLE_ACTION_PLUGINS", ""),
-            )
-            if p
+        "ANSIBLE_ACTION_PLUGINS": _ours_first(
+            root / "plugins" / "action", "ANSIBLE_ACTION_PLUGINS"
         ),
         **switches,
     }

@@ -169,3 +169,17 @@ def test_controller_files_writes_a_mapping_content_as_json(tmp_path):
     written = (tmp_path / "r.json").read_text()
     assert written == '{\n    "a": "x",\n    "b": [\n        1\n    ]\n}\n'
     assert oct((tmp_path / "r.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_controller_files_refuses_to_remove_through_a_link(tmp_path):
+    """`absent` reaches the path's directory as the writes do: a link above it is refused,
+    and what lies behind the link stays."""
+    outside = tmp_path / "outside"
+    (outside / "transfer").mkdir(parents=True)
+    (tmp_path / "via").symlink_to(outside)
+    playbook = tmp_path / "absent.yml"
+    playbook.write_text(ABSENT_PLAY.replace('"{{ dir }}/transfer"', '"{{ dir }}/via/transfer"'))
+    rc, _result, out = rolefiles.run_module_play(playbook, {"dir": str(tmp_path)})
+    assert rc != 0
+    assert f"controller_files: {tmp_path / 'via'}" in out, out[-3000:]
+    assert (outside / "transfer").is_dir()
