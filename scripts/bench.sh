@@ -59,15 +59,14 @@ for play, s in p['play_seconds_max_host'].items():
 for r in p['top']:
     print(f\"  {r['total_s']:7.1f} s  {r['hosts']} host(s)  {r['task']}  [{r['play']}]\")" "$1"
 }
-# median_and_most RUNS_JSON: the median of the runs (or "failed") and the largest of the
-# change counts in the array `changed` (or "?"), on one line.
+# median_and_most RUNS_JSON CHANGES...: the median of the runs (or "failed") and the largest
+# of the change counts (or "?"), on one line.
 median_and_most() {
   python3 -c 'import json, statistics, sys
-runs, changed = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+runs, changed = json.loads(sys.argv[1]), [json.loads(c) for c in sys.argv[2:]]
 ok = all(isinstance(x, int | float) for x in runs)
 print(statistics.median(runs) if ok else json.dumps("failed"),
-      max(changed) if all(isinstance(c, int) for c in changed) else json.dumps("?"))' \
-    "$1" "[$(IFS=,; echo "${changed[*]}")]"
+      max(changed) if all(isinstance(c, int) for c in changed) else json.dumps("?"))' "$@"
 }
 changes() { grep -oE 'provisioned [0-9]+ (of [0-9]+ )?hosts, [0-9]+ changes' "$1" | grep -oE '[0-9]+ changes' | grep -oE '[0-9]+' || echo '"?"'; }
 
@@ -114,7 +113,7 @@ mv "$OUT/$stamp-profile-1.json" "$OUT/$stamp-profile.json" 2>/dev/null || true
 rm -f "$OUT/$stamp-profile-2.json" "$OUT/$stamp-profile-3.json"
 R[reconverge_runs_s]="[$(IFS=,; echo "${runs[*]}")]"
 # The median of the runs; changed=0 is the claim, so the largest count of the three.
-read -r "R[reconverge_s]" "R[reconverge_changed]" < <(median_and_most "${R[reconverge_runs_s]}")
+read -r "R[reconverge_s]" "R[reconverge_changed]" < <(median_and_most "${R[reconverge_runs_s]}" "${changed[@]}")
 DSCLUSTER_MITOGEN=1 timed reconverge_mitogen_s "$OUT/$stamp-reconverge-mitogen.log" \
   $DSC provision -i inventories/local
 R[reconverge_mitogen_changed]=$(changes "$OUT/$stamp-reconverge-mitogen.log")
@@ -163,7 +162,7 @@ for i in 1 2 3; do
 done
 unset "R[new_cluster_baked_run_s]"
 R[new_cluster_baked_runs_s]="[$(IFS=,; echo "${runs[*]}")]"
-read -r "R[new_cluster_baked_s]" "R[new_cluster_baked_changed]" < <(median_and_most "${R[new_cluster_baked_runs_s]}")
+read -r "R[new_cluster_baked_s]" "R[new_cluster_baked_changed]" < <(median_and_most "${R[new_cluster_baked_runs_s]}" "${changed[@]}")
 timed add_node_baked_s "$OUT/$stamp-add-node-baked.log" \
   bash -c "$DSC local up --name bench --nodes 4 && $DSC provision -i inventories/bench --add bench-n4"
 $DSC local down --name bench >/dev/null 2>&1 || true

@@ -45,7 +45,7 @@ def remove(path: str, check_mode: bool) -> bool:
         st = os.lstat(name, dir_fd=parent)
         if not check_mode:
             if stat.S_ISDIR(st.st_mode):
-                shutil.rmtree(path)  # fd-based on Linux: it follows no link below path
+                shutil.rmtree(name, dir_fd=parent)  # fd-based: follows no link below it
             else:
                 os.unlink(name, dir_fd=parent)
     finally:
