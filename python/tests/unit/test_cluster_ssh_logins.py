@@ -1,7 +1,9 @@
 """cluster_ssh's login round (vars/main.yml), rendered by Ansible on the controller: the order
 each node logs in to the others (each starts after itself, so no sshd gets every node's first
 login at once) and the problems its round's output gives, in the play's order; and the login
-script itself, run with a stand-in ssh: a few logins at a time, one line per host."""
+script itself, run with a stand-in ssh and runuser: a few logins at a time, each ssh started
+through `runuser -u USER --` (root runs the script), one line per host with the exit status
+the script saw."""
 
 from __future__ import annotations
 
@@ -74,19 +76,28 @@ esac
 echo "$host"
 """
 
+# A stand-in for runuser: notes the user and the command, and runs it (as this user).
+STAND_IN_RUNUSER = """#!/bin/sh
+[ "$1" = -u ] && [ "$3" = -- ] || { echo "runuser: bad arguments: $*" >&2; exit 125; }
+echo "$2 $4" >> "$STATE/runuser"
+shift 3
+exec "$@"
+"""
+
 
 def login_round(tmp_path: pathlib.Path, hosts: list[str], timeout: int = 3) -> tuple[dict, list]:
-    """Run vars/main.yml's login script as verify.yml does (sh -c SCRIPT sh TIMEOUT PARALLEL
-    HOST...), ssh being the stand-in; returns {host: (rc, output)} and the in-flight counts."""
+    """Run vars/main.yml's login script as verify.yml does (sh -c SCRIPT sh USER TIMEOUT
+    PARALLEL HOST...), ssh and runuser being the stand-ins; returns {host: (rc, output)} and
+    the in-flight counts."""
     role_vars = yaml.safe_load(rolefiles.path("cluster_ssh", "vars/main.yml").read_text())
     bin_dir, state = tmp_path / "bin", tmp_path / "state"
     bin_dir.mkdir()
     state.mkdir()
-    ssh = bin_dir / "ssh"
-    ssh.write_text(STAND_IN_SSH)
-    ssh.chmod(0o755)
+    for name, text in (("ssh", STAND_IN_SSH), ("runuser", STAND_IN_RUNUSER)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STATE": str(state)}
-    argv = ["sh", "-c", role_vars["__cluster_ssh_login_script"], "sh", str(timeout)]
+    argv = ["sh", "-c", role_vars["__cluster_ssh_login_script"], "sh", "ds", str(timeout)]
     argv += [str(role_vars["__cluster_ssh_login_parallel"]), *hosts]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=True)
     lines = {}
@@ -96,6 +107,8 @@ def login_round(tmp_path: pathlib.Path, hosts: list[str], timeout: int = 3) -> t
         lines[host] = (rc, output)
     args = (state / "args").read_text().splitlines()
     assert len(args) == len(hosts) and all(f"ConnectTimeout={timeout}" in a for a in args), args
+    # every ssh, and nothing else, was started through runuser as the user
+    assert (state / "runuser").read_text().splitlines() == ["ds ssh"] * len(hosts)
     return lines, [int(n) for n in (state / "in_flight").read_text().split()]
 
 

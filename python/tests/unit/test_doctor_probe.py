@@ -119,27 +119,49 @@ date +%s.%N
 """
 
 
-def test_ssh_logs_in_a_few_at_a_time_starting_after_this_node(tmp_path):
-    """`ssh` as the doctor role runs it (python3 <probe> ssh --hosts ... --me HOST): every
-    host answered in the play's order, never more than SSH_PARALLEL logins in flight, and
-    this node's first logins go to the hosts after it (all nodes starting with the first host
-    put every node's first login on one sshd, past its MaxStartups on more than 10 nodes)."""
-    probe = rolefiles.load("doctor", "doctor_probe.py")
+# A stand-in for runuser: notes its arguments up to "--" and runs the rest (as this user).
+STAND_IN_RUNUSER = """#!/bin/sh
+printf '%s ' "$1" "$2" "$3" >> "$STATE/runuser"
+echo >> "$STATE/runuser"
+[ "$1" = -u ] && [ "$3" = -- ] || exit 125
+shift 3
+exec "$@"
+"""
+
+
+def stand_ins(tmp_path: pathlib.Path, **scripts: str) -> tuple[dict[str, str], pathlib.Path]:
+    """An environment whose PATH finds these scripts (runuser always) first, and the state
+    directory they write to."""
     bin_dir, state = tmp_path / "bin", tmp_path / "state"
     bin_dir.mkdir()
     state.mkdir()
-    (bin_dir / "ssh").write_text(STAND_IN_SSH)
-    (bin_dir / "ssh").chmod(0o755)
-    hosts = [f"n{i:02d}" for i in range(1, 12)] + ["refused"]
+    for name, text in {"runuser": STAND_IN_RUNUSER, **scripts}.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STATE": str(state)}
-    env["USER"] = "ds"  # as become sets it (os.getlogin() needs a terminal)
-    argv = [sys.executable, str(PROBE), "ssh", "--hosts", ",".join(hosts)]
+    env["USER"] = "root"  # the probe runs as root: the user it reports is --user's
+    return env, state
+
+
+def test_ssh_logs_in_a_few_at_a_time_starting_after_this_node(tmp_path):
+    """`ssh` as the doctor role runs it (python3 -I <probe> ssh --user ds --hosts ... --me
+    HOST): every login goes through `runuser -u ds --`, every host answered in the play's
+    order, never more than SSH_PARALLEL logins in flight, and this node's first logins go to
+    the hosts after it (all nodes starting with the first host put every node's first login on
+    one sshd, past its MaxStartups on more than 10 nodes)."""
+    probe = rolefiles.load("doctor", "doctor_probe.py")
+    env, state = stand_ins(tmp_path, ssh=STAND_IN_SSH)
+    hosts = [f"n{i:02d}" for i in range(1, 12)] + ["refused"]
+    argv = [sys.executable, "-I", str(PROBE), "ssh", "--user", "ds", "--hosts", ",".join(hosts)]
     done = subprocess.run(
         [*argv, "--timeout", "3", "--me", "n05"],
         env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    results = json.loads(done.stdout)["results"]
+    report = json.loads(done.stdout)
+    assert report["user"] == "ds"
+    assert (state / "runuser").read_text().splitlines() == ["-u ds -- "] * len(hosts)
+    results = report["results"]
     assert list(results) == hosts
     assert all(results[h]["ok"] for h in hosts[:-1]), results
     assert results["refused"] == {"ok": False, "error": "Permission denied (publickey)."}
@@ -157,3 +179,52 @@ def test_login_order_starts_after_this_node_and_wraps_round():
     assert probe.login_order(["a", "b", "c", "d"], "b") == ["c", "d", "a", "b"]
     assert probe.login_order(["a", "b", "c", "d"], "d") == ["a", "b", "c", "d"]
     assert probe.login_order(["a", "b"], "") == ["a", "b"]  # --me not given, or not a host
+
+
+def test_logins_drop_to_the_user_through_runuser_and_the_verdict_is_the_exit_status():
+    """The probe runs as root; only the command drops: runuser -u USER -- the ssh or pdsh."""
+    probe = rolefiles.load("doctor", "doctor_probe.py")
+    assert probe.as_user("ds", ["ssh", "-o", "BatchMode=yes", "n1", "date"]) == [
+        "runuser", "-u", "ds", "--", "ssh", "-o", "BatchMode=yes", "n1", "date",
+    ]  # fmt: skip
+
+
+# A stand-in for pdsh that lies: "every host answered", but exits 1 (the exit status the
+# probe's root process sees is what counts, whatever the output says).
+STAND_IN_PDSH = """#!/bin/sh
+printf '%s\\n' "$@" > "$STATE/pdsh.argv"
+echo "$PDSH_RCMD_TYPE" > "$STATE/pdsh.rcmd"
+echo "n1: memlock=unlimited"
+echo "pdsh@n1: n2: ssh exited with exit code 255" >&2
+exit 1
+"""
+
+
+def test_pdsh_runs_as_the_user_with_its_environment_and_its_exit_status_is_kept(tmp_path):
+    env, state = stand_ins(tmp_path, pdsh=STAND_IN_PDSH)
+    done = subprocess.run(
+        [sys.executable, "-I", str(PROBE), "pdsh", "--user", "ds", "--hosts", "n1,n2",
+         "--timeout", "3"],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report == {
+        "installed": True, "rc": 1, "memlock": {"n1": "unlimited"},
+        "errors": {"n2": "ssh exited with exit code 255"},
+    }  # fmt: skip
+    assert (state / "runuser").read_text() == "-u ds -- \n"
+    assert (state / "pdsh.rcmd").read_text() == "ssh\n"
+    argv = (state / "pdsh.argv").read_text().splitlines()
+    assert argv[:4] == ["-S", "-R", "ssh", "-f"] and argv[-3:] == ["-w", "n1,n2", argv[-1]]
+    assert argv[-1] == "echo memlock=$(ulimit -l)"
+
+
+@pytest.mark.parametrize("command", ["ssh", "pdsh"])
+def test_logins_need_the_user_named(command):
+    """No default user: a role that forgot --user fails, it never logs in as root."""
+    done = subprocess.run(
+        [sys.executable, "-I", str(PROBE), command, "--hosts", "n1"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and "--user" in done.stderr

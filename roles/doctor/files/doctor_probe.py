@@ -14,10 +14,16 @@ the controller judges them):
   listen   bind the rendezvous port / sampled ephemeral ports, answer each connection with
            this node's name, for a bounded time (started in the background by `start`)
   connect  TCP connect to every other node's listeners, in parallel, bounded per attempt
-  ssh      as the training user: ssh BatchMode=yes StrictHostKeyChecking=yes to every host,
-           with the remote clock read over the same session (offset)
-  pdsh     as the training user on the head: pdsh -R ssh to all hosts (DeepSpeed's path),
-           reading each node's `ulimit -l` as the launcher's sessions see it
+  ssh      ssh BatchMode=yes StrictHostKeyChecking=yes to every host as --user, with the
+           remote clock read over the same session (offset)
+  pdsh     on the head: pdsh -R ssh to all hosts as --user (DeepSpeed's path), reading each
+           node's `ulimit -l` as the launcher's sessions see it
+
+ssh and pdsh are run by root (`python3 -I`, this file root's in a root-owned directory): only
+the ssh or pdsh itself drops to the training user, through `runuser -u USER --` (the user's
+PAM session and limits, HOME, USER), so nothing of the user's (a usercustomize in ~/.local, a
+ptrace of one of its processes) runs in this process or touches what it prints. Each verdict
+is root's, from the exit status root saw.
 """
 
 from __future__ import annotations
@@ -43,10 +49,12 @@ import time
 BANNER = b"dscluster-doctor "
 
 
-def run(argv: list[str], timeout: float, env: dict | None = None) -> tuple[int, str, str]:
+def run(
+    argv: list[str], timeout: float, env: dict | None = None, cwd: str | None = None
+) -> tuple[int, str, str]:
     try:
         proc = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, check=False, env=env
+            argv, capture_output=True, text=True, timeout=timeout, check=False, env=env, cwd=cwd
         )
     except FileNotFoundError:
         return 127, "", f"{argv[0]}: not found"
@@ -501,15 +509,22 @@ def cmd_connect(args: argparse.Namespace) -> dict:
     return {"results": sorted(results, key=lambda r: (r["host"], r["port"]))}
 
 
-# ---- ssh / pdsh (as the training user) -----------------------------------------------------
+# ---- ssh / pdsh (run by root, each as the training user) -----------------------------------
 
 SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
 
 
-def ssh_one(host: str, timeout: int) -> dict:
+def as_user(user: str, argv: list[str]) -> list[str]:
+    """argv run as `user` by runuser (util-linux): root's process starts it and waits for it;
+    runuser's exit status is the command's (1, 126 or 127 where runuser itself fails)."""
+    return ["runuser", "-u", user, "--", *argv]
+
+
+def ssh_one(host: str, timeout: int, user: str) -> dict:
     """Log in as a launcher would; the remote clock is read over the same session: the offset
     is remote - local at the moment the line arrives (LAN latency, not the handshake)."""
-    argv = ["ssh", *SSH_OPTIONS, "-o", f"ConnectTimeout={timeout}", host, "date +%s.%N"]
+    ssh = ["ssh", *SSH_OPTIONS, "-o", f"ConnectTimeout={timeout}", host, "date +%s.%N"]
+    argv = as_user(user, ssh)
     start = time.time()
     try:
         proc = subprocess.Popen(
@@ -518,15 +533,18 @@ def ssh_one(host: str, timeout: int) -> dict:
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
             text=True,
+            cwd="/",
+            start_new_session=True,  # runuser and the user's ssh: one group to kill
         )
     except FileNotFoundError:
-        return {"ok": False, "error": "ssh: not installed"}
+        return {"ok": False, "error": "runuser: not installed"}
     try:
         line = proc.stdout.readline() if proc.stdout else ""
         arrived = time.time()
         _, err = proc.communicate(timeout=timeout + 5)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)  # killing runuser alone leaves ssh running
         proc.communicate()
         return {"ok": False, "error": f"no answer within {timeout + 5} s"}
     if proc.returncode != 0:
@@ -562,9 +580,10 @@ def cmd_ssh(args: argparse.Namespace) -> dict:
     with concurrent.futures.ThreadPoolExecutor(
         max_workers=max(1, min(SSH_PARALLEL, len(hosts)))
     ) as pool:
-        done = dict(zip(order, pool.map(lambda h: ssh_one(h, args.timeout), order), strict=True))
+        logins = pool.map(lambda h: ssh_one(h, args.timeout, args.user), order)
+        done = dict(zip(order, logins, strict=True))
     results = {h: done[h] for h in hosts}  # in the play's order, whatever order they ran in
-    return {"user": os.environ.get("USER") or os.getlogin(), "results": results}
+    return {"user": args.user, "results": results}
 
 
 def cmd_pdsh(args: argparse.Namespace) -> dict:
@@ -574,7 +593,8 @@ def cmd_pdsh(args: argparse.Namespace) -> dict:
     env = dict(os.environ, PDSH_RCMD_TYPE="ssh")
     argv = ["pdsh", "-S", "-R", "ssh", "-f", "1024", "-t", str(args.timeout), "-u"]
     argv += [str(args.timeout * 2), "-w", ",".join(hosts), "echo memlock=$(ulimit -l)"]
-    rc, out, err = run(argv, timeout=args.timeout * 3 + 10, env=env)
+    # runuser keeps the environment (PDSH_RCMD_TYPE) and sets HOME and USER to the user's
+    rc, out, err = run(as_user(args.user, argv), timeout=args.timeout * 3 + 10, env=env, cwd="/")
     memlock: dict[str, str] = {}
     for line in out.splitlines():
         if m := re.match(r"^(\S+): memlock=(\S+)$", line.strip()):
@@ -626,6 +646,8 @@ def main(argv: list[str] | None = None) -> int:
     pdsh = sub.add_parser("pdsh")
     pdsh.add_argument("--hosts", required=True)
     pdsh.add_argument("--timeout", type=int, default=10)
+    for login in (ssh, pdsh):
+        login.add_argument("--user", required=True, help="log in as this user (runuser -u)")
     args = parser.parse_args(argv)
     handler = {
         "node": cmd_node,
