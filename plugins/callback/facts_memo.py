@@ -10,7 +10,10 @@ re-converge that is a fifth of the controller's main process (py-spy: 635 of 2,9
 and the main process queues each task for each host in turn. With this callback enabled, the
 decoded facts are kept beside the payload they came from and used while the cache holds that
 same payload (a new one, written when facts change, is decoded afresh); the cleaned facts of
-that payload are kept too, and every caller still gets its own deep copy, as before.
+that payload are kept too, and every caller still gets its own deep copy, as before. With
+fact injection off (inject_facts_as_vars = False, as ansible.cfg and dscluster set it)
+ansible-core calls no clean_facts when it builds variables: the decoded payload is what is
+kept then.
 
 It patches ansible-core's private cache interposer and the variable manager's clean_facts, so
 it applies only to the versions it was written against (2.19); on others, or with

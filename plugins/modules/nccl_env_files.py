@@ -33,7 +33,7 @@ description:
   - Check mode computes the profile and says what would change; diff mode shows each file.
 options:
   fact:
-    description: The node's accelerators fact (C(ansible_local.accelerators)).
+    description: The node's accelerators fact (C(ansible_facts.ansible_local.accelerators)).
     type: dict
     required: true
   overrides:
@@ -72,7 +72,7 @@ author: dscluster
 EXAMPLES = r"""
 - name: Compute this node's NCCL profile and write it
   nccl_env_files:
-    fact: "{{ ansible_local.accelerators }}"
+    fact: "{{ ansible_facts.ansible_local.accelerators }}"
     overrides: {profile: auto, env: {}}
     node: "{{ inventory_hostname }}"
     script_path: /opt/dscluster/bin/nccl_profile.py

@@ -102,6 +102,23 @@ def run_inline(role: str, filename: str, request: Mapping) -> dict:
     return json.loads(out.stdout)
 
 
+# Variables named ansible_* that are settings of the run, not facts a node reports.
+NOT_FACTS = frozenset(
+    {"ansible_python_interpreter", "ansible_connection", "ansible_host", "ansible_user"}
+)
+
+
+def as_gathered(extravars: Mapping) -> dict:
+    """extravars with the node facts a test gives by the names setup returns them by
+    (ansible_local, ansible_python, ansible_processor_nproc, ...) moved under `test_facts`,
+    which the test playbooks' first task (action plugin recorded_facts) returns as the host's
+    gathered facts. With inject_facts_as_vars off (ansible.cfg) roles read facts only under
+    ansible_facts: an extra var named ansible_local would never reach them."""
+    facts = {k: v for k, v in extravars.items() if k.startswith("ansible_") and k not in NOT_FACTS}
+    rest = {k: v for k, v in extravars.items() if k not in facts}
+    return rest | {"test_facts": facts}
+
+
 def run_local_play(
     playbook: pathlib.Path,
     extravars: Mapping,
@@ -113,13 +130,17 @@ def run_local_play(
     """ansible-playbook on localhost (connection local, the repo's ansible.cfg, plain output):
     its rc, the JSON a task printed after `tag ` (None when none did), and the output.
     env: the environment to start from (default os.environ); inventory: an inventory file whose
-    hosts all run locally (default localhost alone; `tagged` reads every host's JSON)."""
+    hosts all run locally (default localhost alone; `tagged` reads every host's JSON).
+    extravars' `test_facts` (as_gathered) run it with the memory fact cache."""
     full = dict(os.environ if env is None else env)
     full |= {
         "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
         "ANSIBLE_STDOUT_CALLBACK": "default",
         "ANSIBLE_NOCOLOR": "1",
     }
+    if "test_facts" in extravars:
+        # the facts a test gives stay in its run, never in the user's fact cache
+        full["ANSIBLE_CACHE_PLUGIN"] = "memory"
     ansible = pathlib.Path(sys.executable).parent / "ansible-playbook"
     hosts = str(inventory) if inventory is not None else "localhost,"
     argv = [str(ansible), "-i", hosts, "-c", "local", str(playbook)]

@@ -277,6 +277,8 @@ def ansible_env() -> dict[str, str]:
         "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(cache / "facts"),
         "ANSIBLE_CACHE_PLUGIN_TIMEOUT": "600",
         "ANSIBLE_PYTHON_INTERPRETER": "auto_silent",
+        # facts only under ansible_facts: a returned fact never shadows a role parameter
+        "ANSIBLE_INJECT_FACT_VARS": "False",
         "ANSIBLE_RETRY_FILES_ENABLED": "False",
         "ANSIBLE_TIMEOUT": "30",
         "ANSIBLE_PIPELINING": "True",

@@ -45,7 +45,8 @@ def render(
         "os_vars_roles": list(wanted),
         "os_vars_roles_dir": str(rolefiles.ROLES),
     }
-    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(rolefiles.ROLES))
+    # the recorded facts stay in this run, never in the user's fact cache
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(rolefiles.ROLES), ANSIBLE_CACHE_PLUGIN="memory")
     _, _, out = rolefiles.run_local_play(PLAYBOOK, extra, "RENDER", env=env, inventory=inventory)
     result: dict = {}
     host = None

@@ -197,8 +197,9 @@ def build(shared: pathlib.Path, world: pathlib.Path, phase: str = "all", timeout
     }
     # pip reads only the arguments: no pip.conf or PIP_* of this machine
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    # ansible_processor_nproc as a gathered fact, under ansible_facts
     return rolefiles.run_local_play(
-        PLAYBOOK, args, "BUILT", env=env | {"PIP_CONFIG_FILE": os.devnull}
+        PLAYBOOK, rolefiles.as_gathered(args), "BUILT", env=env | {"PIP_CONFIG_FILE": os.devnull}
     )
 
 

@@ -1,6 +1,7 @@
 """ml_stack per accelerator: the role's own preflight and selection logic, run by Ansible on
 the controller with the accelerator facts a CPU, GPU or Gaudi build host would record
-(extra vars stand in for /etc/ansible/facts.d). No download, no build."""
+(facts the test gives, set as gathered facts, stand in for /etc/ansible/facts.d). No
+download, no build."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def select(extra: dict) -> tuple[int, dict | None, str]:
         "ansible_python_interpreter": sys.executable,
         "ml_stack_build_host": "localhost",
     } | extra
-    return rolefiles.run_local_play(PLAYBOOK, extra, "SELECTION", env=env)
+    # ansible_local, ansible_python, ...: laid over the gathered facts, under ansible_facts
+    return rolefiles.run_local_play(PLAYBOOK, rolefiles.as_gathered(extra), "SELECTION", env=env)
 
 
 def facts(**local) -> dict:

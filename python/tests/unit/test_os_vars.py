@@ -95,7 +95,8 @@ CODENAMES = {
 
 
 def _inputs(name: str) -> dict:
-    """The host vars a recording lacks: its kernel and Python, and the role overrides."""
+    """The host vars: the facts a recording lacks (its kernel and Python, os_facts_more: set
+    with the recorded ones as gathered facts, under ansible_facts), and the role overrides."""
     more: dict = {"ansible_kernel": KERNELS[name]} if name in KERNELS else {}
     if name in PYTHONS:
         major, minor = PYTHONS[name]
@@ -106,7 +107,7 @@ def _inputs(name: str) -> dict:
     overrides = {"ml_stack_build_host": name, "role_path": role_path}
     if name in VARIANTS:
         overrides["ml_stack_torch_variant"] = VARIANTS[name]
-    return more | {"os_vars_overrides": overrides}
+    return {"os_facts_more": more, "os_vars_overrides": overrides}
 
 
 @pytest.fixture(scope="module")

@@ -1,18 +1,20 @@
 """roles/slurm's slurm.conf and gres.conf, rendered by Ansible from an inventory of facts as
 the role's play sees them: GPU nodes of different sizes next to a CPU node (no GPU here, so
-this is where Gres is checked; the e2e module runs the role on CPU containers)."""
+this is where Gres is checked; the e2e module runs the role on CPU containers). Each host's
+facts (host var test_facts) are set as gathered facts, under ansible_facts, before rendering."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 import re
-import subprocess
 import sys
 import textwrap
 
 from .. import rolefiles
 
 ROLE = rolefiles.path("slurm")
+PLAYBOOKS = pathlib.Path(__file__).parent / "playbooks"
 
 
 def render(tmp_path: pathlib.Path) -> dict[str, tuple[str, str]]:
@@ -25,22 +27,25 @@ def render(tmp_path: pathlib.Path) -> dict[str, tuple[str, str]]:
                 head:
                   hosts:
                     gpu-1:
-                      ansible_hostname: ip-10-0-0-1
-                      ansible_default_ipv4: {address: 10.0.0.1}
-                      ansible_memtotal_mb: 1000000
-                      ansible_local: {accelerators: {kind: cuda, count: 8, cpus: 96}}
+                      test_facts:
+                        ansible_hostname: ip-10-0-0-1
+                        ansible_default_ipv4: {address: 10.0.0.1}
+                        ansible_memtotal_mb: 1000000
+                        ansible_local: {accelerators: {kind: cuda, count: 8, cpus: 96}}
                 workers:
                   hosts:
                     gpu-2:
-                      ansible_hostname: ip-10-0-0-2
-                      ansible_default_ipv4: {address: 10.0.0.2}
-                      ansible_memtotal_mb: 500000
-                      ansible_local: {accelerators: {kind: cuda, count: 1, cpus: 48}}
+                      test_facts:
+                        ansible_hostname: ip-10-0-0-2
+                        ansible_default_ipv4: {address: 10.0.0.2}
+                        ansible_memtotal_mb: 500000
+                        ansible_local: {accelerators: {kind: cuda, count: 1, cpus: 48}}
                     cpu-1:
-                      ansible_hostname: cpu-1
-                      ansible_default_ipv4: {address: 10.0.0.3}
-                      ansible_memtotal_mb: 0
-                      ansible_processor_vcpus: 16
+                      test_facts:
+                        ansible_hostname: cpu-1
+                        ansible_default_ipv4: {address: 10.0.0.3}
+                        ansible_memtotal_mb: 0
+                        ansible_processor_vcpus: 16
             """
         )
     )
@@ -51,6 +56,8 @@ def render(tmp_path: pathlib.Path) -> dict[str, tuple[str, str]]:
               gather_facts: false
               vars_files: [{ROLE}/defaults/main.yml, {ROLE}/vars/main.yml]
               tasks:
+                - recorded_facts:
+                    facts: "{{{{ test_facts }}}}"
                 - ansible.builtin.template:
                     src: "{ROLE}/templates/{{{{ item }}}}.j2"
                     dest: "{tmp_path}/{{{{ inventory_hostname }}}}.{{{{ item }}}}"
@@ -59,13 +66,17 @@ def render(tmp_path: pathlib.Path) -> dict[str, tuple[str, str]]:
             """
         )
     )
-    proc = subprocess.run(
-        [str(pathlib.Path(sys.executable).parent / "ansible-playbook"), "-i",
-         str(tmp_path / "hosts.yml"), str(tmp_path / "render.yml"),
-         "-e", f"ansible_python_interpreter={sys.executable}"],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # the test playbooks' action plugin recorded_facts, beside this playbook
+    (tmp_path / "action_plugins").symlink_to(PLAYBOOKS / "action_plugins")
+    # the repository's ansible.cfg (facts only under ansible_facts); no fact cache of the user's
+    rc, _, out = rolefiles.run_local_play(
+        tmp_path / "render.yml",
+        {"ansible_python_interpreter": sys.executable},
+        "NONE",
+        env=dict(os.environ, ANSIBLE_CACHE_PLUGIN="memory"),
+        inventory=tmp_path / "hosts.yml",
+    )
+    assert rc == 0, out[-6000:]
     return {
         host: (
             (tmp_path / f"{host}.slurm.conf").read_text(),

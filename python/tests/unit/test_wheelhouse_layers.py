@@ -37,7 +37,8 @@ EPYC = {
 
 def layers(**extra) -> dict:
     args = EPYC | {"ansible_python_interpreter": sys.executable} | extra
-    _, found, out = rolefiles.run_local_play(PLAYBOOK, args, "LAYERS")
+    # the build host's facts (ansible_python, ...) as gathered facts, under ansible_facts
+    _, found, out = rolefiles.run_local_play(PLAYBOOK, rolefiles.as_gathered(args), "LAYERS")
     if found is None:
         raise AssertionError(out)
     return found
@@ -391,7 +392,7 @@ def converge_user_layer(stack: pathlib.Path, reqs: list[str]) -> dict:
     }
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     rc, found, out = rolefiles.run_local_play(
-        INSTALL, args, "RECORD", env=env | {"PIP_CONFIG_FILE": os.devnull}
+        INSTALL, rolefiles.as_gathered(args), "RECORD", env=env | {"PIP_CONFIG_FILE": os.devnull}
     )
     assert rc == 0, out
     assert found is not None, out
