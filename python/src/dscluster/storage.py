@@ -26,7 +26,10 @@ LOCAL_ROOT = "/var/lib/dscluster"
 # Job secrets (dscluster_secret_env) on every node: the training user's alone (0600) in root's
 # LOCAL_ROOT, written by deepspeed_launcher and sourced by every rank wrapper.
 SECRETS_FILE = f"{LOCAL_ROOT}/secrets.env"
-SOURCE_SECRETS = f"if [ -r {SECRETS_FILE} ]; then . {SECRETS_FILE}; fi"
+# What a job makes is the training user's alone (SECURITY.md): every rank wrapper and launch.sh
+# set it before anything else of the job runs, so logs, checkpoints and reports are 0600/0700.
+JOB_UMASK = "umask 077"
+SOURCE_SECRETS = f"{JOB_UMASK}; if [ -r {SECRETS_FILE} ]; then . {SECRETS_FILE}; fi"
 LOCAL_WHEELHOUSE = "/opt/dscluster/wheelhouse"
 
 PATH_VARS = (

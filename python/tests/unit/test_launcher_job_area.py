@@ -57,7 +57,8 @@ def test_the_job_area_is_made_then_left_alone_until_a_directory_differs(tmp_path
     ckpt = tmp_path / "node" / "ckpt" / "checkpoints"
     (tmp_path / "shared").mkdir()
     assert run(tmp_path) == {LOCAL: "changed", AREA: "skipping"}
-    assert [mode(scratch), mode(jobs), mode(ckpt)] == ["0o750", "0o755", "0o755"]
+    # the job area and the checkpoints are the training user's alone (SECURITY.md)
+    assert [mode(scratch), mode(jobs), mode(ckpt)] == ["0o750", "0o700", "0o700"]
     assert mode(ckpt.parent) == "0o755" and ckpt.parent.stat().st_uid == 0
     # converged: nothing changes
     assert run(tmp_path) == {LOCAL: "ok", AREA: "skipping"}
@@ -69,7 +70,7 @@ def test_the_job_area_is_made_then_left_alone_until_a_directory_differs(tmp_path
     ckpt.rmdir()
     ckpt.parent.rmdir()
     assert run(tmp_path)[LOCAL] == "changed"
-    assert mode(ckpt) == "0o755"
+    assert mode(ckpt) == "0o700"
     # a plain file where the job area belongs: refused, left as it is
     jobs.rmdir()
     jobs.write_text("")
@@ -85,11 +86,11 @@ def test_on_shared_storage_the_writer_makes_the_job_area(tmp_path):
     (tmp_path / "shared").mkdir()
     assert run(tmp_path, storage="nfs") == {LOCAL: "changed", AREA: "changed"}
     # on shared storage the checkpoint directory's parent is made by the writer, with it
-    assert mode(jobs) == "0o755"
+    assert mode(jobs) == "0o700"
     assert run(tmp_path, storage="nfs") == {LOCAL: "ok", AREA: "ok"}
     jobs.rmdir()
     assert run(tmp_path, storage="nfs") == {LOCAL: "ok", AREA: "changed"}
-    assert mode(jobs) == "0o755"
+    assert mode(jobs) == "0o700"
 
 
 def test_what_the_training_user_plants_is_refused_never_followed(tmp_path):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import os
 import pathlib
+import re
+import shlex
 import subprocess
 import tarfile
 
@@ -174,7 +176,7 @@ def test_launch_stages_the_tarball_and_reports_where_it_ran(tmp_path, inventory_
     assert job_dir.rsplit("/", 1)[1].startswith("launch-")
     # one tarball: the job directory, the project in it, the job's own files beside it
     top = job_dir.rsplit("/", 1)[1]
-    assert seen["members"][0] == (top, 0o755)
+    assert seen["members"][0] == (top, 0o700)  # the training user's alone
     modes = {name.removeprefix(f"{top}/"): mode for name, mode in seen["members"][1:]}
     assert all(name.startswith(f"{top}/") for name, _ in seen["members"][1:])
     assert len(modes) == len(seen["members"]) - 1  # no name twice: nothing overwrites
@@ -210,15 +212,16 @@ def test_without_workdir_only_the_script_is_staged(tmp_path, inventory_dir, monk
 
 
 def test_job_tarball_unpacks_as_the_job_directory_with_its_modes(tmp_path):
-    """What launch.yml's unarchive gets: GNU tar (as on the nodes) makes the job directory
-    from it, the project inside, the job's files with their modes beside it."""
+    """What launch.yml's tar gets: GNU tar (as on the nodes, -p as there) makes the job
+    directory from it (0700), the project inside, the job's files with their modes beside it."""
     project = workdir.scan(str(make_project(tmp_path / "proj")))
     tar = tmp_path / workdir.JOB_TAR
     files = {"launch.sh": (b"#!/bin/bash\necho hi\n", 0o755), "hostfile": (b"a slots=1\n", 0o644)}
     workdir.write_job_tar(tar, "launch-1", files, project)
     (tmp_path / "jobs").mkdir()
-    subprocess.run(["tar", "-xf", str(tar), "-C", str(tmp_path / "jobs")], check=True)
+    subprocess.run(["tar", "-x", "-p", "-f", str(tar), "-C", str(tmp_path / "jobs")], check=True)
     job = tmp_path / "jobs" / "launch-1"
+    assert job.stat().st_mode & 0o777 == 0o700
     assert (job / "launch.sh").read_bytes() == b"#!/bin/bash\necho hi\n"
     assert os.access(job / "launch.sh", os.X_OK) and not os.access(job / "hostfile", os.X_OK)
     assert (job / "src" / "alias.py").read_text() == "X = 1\n"  # the project's inner link
@@ -228,19 +231,51 @@ def test_job_tarball_unpacks_as_the_job_directory_with_its_modes(tmp_path):
     )
 
 
+def shell_commands(cmd: str) -> list[list[str]]:
+    """The simple commands of a templated shell line: each Jinja expression one word
+    (JINJA<i> with its variable's name), split at ; | || && and the loop's keywords."""
+    exprs: list[str] = []
+
+    def word(m: re.Match[str]) -> str:
+        exprs.append(m[1])
+        return f"JINJA{len(exprs) - 1}_{m[1].split('|')[0].strip()}"
+
+    lexer = shlex.shlex(re.sub(r"\{\{(.*?)\}\}", word, cmd), posix=True, punctuation_chars=";|&")
+    commands: list[list[str]] = [[]]
+    for token in lexer:
+        if token in (";", "|", "||", "&&") or (not commands[-1] and token in ("do", "done")):
+            commands.append([])
+        else:
+            commands[-1].append(token)
+    return [c for c in commands if c]
+
+
 def test_job_files_are_written_and_read_back_as_the_training_user():
-    """launch.yml unpacks the tarball and fetches the log and outputs as the training user,
-    never as root: where the head mounts the share from a [storage] node with root_squash,
-    root is nobody there and may not write into the user's job area. (No kernel NFS server
-    on the test machines to show it end to end; the e2e launch tests run this play as it
-    is.)"""
+    """Every module of launch.yml runs as root (no module result of the training user's),
+    yet nothing in the job area is opened by root: the tarball is unpacked by the training
+    user's tar, and every command that names the job directory runs under `runuser` as that
+    user. Where the head mounts the share from a [storage] node with root_squash, root is
+    nobody there and may not enter the user's job area. The log and outputs come back from
+    root's own record. (No kernel NFS server on the test machines to show it end to end; the
+    e2e launch tests run this play as it is.)"""
     plays = yaml.safe_load((rolefiles.REPO / "playbooks" / "launch.yml").read_text())
     tasks = {t["name"]: t for play in plays for t in play.get("tasks", [])}
     tasks |= {t["name"]: t for play in plays for b in play.get("tasks", [])
               for t in b.get("block", []) + b.get("always", [])}  # fmt: skip
-    unpack = tasks["Unpack the job's files into the job directory"]
+    unpack = tasks["Unpack the job's files into the job directory, as the training user"]
+    run = next(t for name, t in tasks.items() if name.startswith("Run launch.sh"))
     fetch = tasks["Fetch the log, the exit status and the job's outputs"]
-    for task in (unpack, fetch):
-        assert task["become"] is True
-        assert task["become_user"] == "{{ dscluster_training_user }}"
-    assert "owner" not in unpack["ansible.builtin.unarchive"]  # nothing for root to chown
+    assert all("become_user" not in t for t in tasks.values())
+    for task in (unpack, run):
+        body = task["ansible.builtin.shell"]
+        assert body["chdir"] == "/"
+        named = [c for c in shell_commands(body["cmd"]) if any("launch_job_dir" in w for w in c)]
+        assert named, body["cmd"]
+        for command in named:
+            assert command[:2] == ["runuser", "-u"] and command[3] == "--", command
+            assert command[2].endswith(("_dscluster_training_user", "___launch_user")), command
+    tar = next(c for c in shell_commands(unpack["ansible.builtin.shell"]["cmd"]) if "tar" in c)
+    assert tar[4:6] == ["tar", "-x"]
+    assert fetch["ansible.builtin.fetch"]["src"].startswith("{{ __launch_record }}/")
+    record = next(p for p in plays if p["name"] == "Run the job from the head")
+    assert record["vars"]["__launch_record"].startswith("/var/lib/dscluster/jobs/")

@@ -11,6 +11,7 @@ from importlib import resources
 from ..deepspeed_env import check_env_value, parse_env_file
 from ..errors import DsclusterError
 from ..launch_env import SYSTEM_PATH
+from ..storage import JOB_UMASK
 from .launchers import LAUNCHERS, TABLE
 from .launchers.base import SSH_LIVENESS_ARGS, Files, Job, Raw, shell_join
 from .request import JobSite, LaunchRequest
@@ -59,6 +60,7 @@ def render_launch_script(  # noqa: PLR0913 - launch.sh's parts, the launcher's a
         "#!/bin/bash",
         f"# dscluster launch {run_id} ({launcher}): run on the head by playbooks/launch.yml.",
         "set -eu",
+        JOB_UMASK,
         f"export PATH={shlex.quote(venv + '/bin:' + SYSTEM_PATH)}",
         "export PDSH_RCMD_TYPE=ssh",
         f"export PDSH_SSH_ARGS_APPEND={shlex.quote(SSH_LIVENESS_ARGS)}",

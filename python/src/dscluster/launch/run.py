@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import pathlib
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -37,6 +38,9 @@ from .restart import (
 from .signatures import Match, match_signatures
 from .watch import ScriptFailure, lost_nodes, script_failure
 from .workdir import JOB_FILE_NAMES, JOB_TAR, Project, check_names, project_for, write_job_tar
+
+# A job output brought back: one plain name in the job directory.
+FETCH_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
 
 class LeftOut(Protocol):
@@ -141,6 +145,12 @@ def run_job(
     console = console or Console(stderr=True)
     if timeout < 1:
         raise DsclusterError(f"--timeout {timeout}: give the job at least one second, e.g. 600")
+    for name in fetch:
+        # Root writes each into the head's job record under this name (launch.yml).
+        if not FETCH_NAME.fullmatch(name) or name in ("launcher.log", "exit_status"):
+            raise DsclusterError(
+                f"output {name!r}: name a file in the job directory itself, e.g. report.json"
+            )
     stage = pathlib.Path(tempfile.mkdtemp(prefix="launch-", dir=cache_dir()))
     try:
         files = {name: (text.encode(), int(mode, 8)) for name, (text, mode) in plan.files.items()}
@@ -174,6 +184,7 @@ def run_job(
         # .txt: Ansible reads every other file under an inventory directory as inventory.
         log_path = inv.directory / "logs" / f"{plan.run_id}.log.txt"
         atomic_write(log_path, log_text)
+        # Root's record of the exit status (launch.yml), never a file of the job's.
         status = texts.pop("exit_status", "").strip()
         rc = int(status) if status.lstrip("-").isdigit() else 1
         if result.rc != 0 and rc == 0:

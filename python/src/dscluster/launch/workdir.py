@@ -206,12 +206,12 @@ def write_job_tar(
 ) -> None:
     """The job as one tarball under the directory `top` (the job directory's name): the
     project's entries (as write_tar has them), then the job's own files (name -> (bytes,
-    mode)); owner-less, the directory 0755."""
+    mode)); owner-less, the directory 0700: the job area is the training user's alone."""
     with (
         dest.open("wb") as raw,
         tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar,
     ):
-        tar.addfile(_info(top, tarfile.DIRTYPE, 0o755, 0))
+        tar.addfile(_info(top, tarfile.DIRTYPE, 0o700, 0))
         if project is not None:
             _add_project(tar, project, f"{top}/")
         now = int(time.time())

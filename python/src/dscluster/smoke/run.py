@@ -164,6 +164,11 @@ def run_smoke(  # noqa: C901, PLR0912, PLR0913, PLR0915 - the smoke command's op
     ]
     report["expected_world_size"] = plan.world_size
     report["launcher_rc"] = result.rc
+    # The pass needs root's exit record as well as the job's word (SECURITY.md).
+    report["sources"] = {
+        "launcher_rc": "root's record of the job's exit status on the head",
+        "report.json": "the job's own report, written as the training user",
+    }
     report["launcher_log"] = str(result.log_path)
     report["straggler_factor"] = straggler_factor
     report["stragglers"] = [s.as_dict() for s in report_stragglers(report, straggler_factor)]

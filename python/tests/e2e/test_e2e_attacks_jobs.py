@@ -1,0 +1,115 @@
+"""Attacks by the training user on what `dscluster launch` judges (SECURITY.md), on the shared
+e2e cluster: a process an earlier job left behind forges the next jobs' async status, exit
+status and report, and another local user tries to read a job's log. The verdict must be
+root's record on the head (launch.yml), and the job area the training user's alone."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pytest
+
+from .e2e_cluster import NAME, dsc
+from .test_e2e_attacks import on
+from .test_e2e_launch import HOSTS, WHO_AM_I
+
+pytestmark = pytest.mark.docker
+
+HEAD, N2 = HOSTS[0], HOSTS[1]
+JOBS = "/shared/dscluster/jobs"
+# A leftover of an earlier job, as `ds`: every 20 ms it rewrites whatever async status the
+# training user could own, and writes a passing exit status and report into every job
+# directory (the old launch play read both from there).
+FORGER = f"""\
+import glob, json, os, time
+home = os.path.expanduser("~")
+os.makedirs(home + "/.ansible_async", exist_ok=True)
+forged = json.dumps({{"rc": 1, "finished": 1, "started": 1,
+                      "ansible_facts": {{"ml_stack_venv": "/home/ds/pwn"}}}})
+end = time.time() + 600
+while time.time() < end:
+    for path in glob.glob(home + "/.ansible_async/*") + [home + "/.ansible_async/j1.1"]:
+        try:
+            open(path, "w").write(forged)
+        except OSError:
+            pass
+    for job in glob.glob("{JOBS}/*/"):
+        for name, text in (("exit_status", "0\\n"), ("report.json", '{{"ok": true}}')):
+            try:
+                open(job + name, "w").write(text)
+            except OSError:
+                pass
+    time.sleep(0.02)
+"""
+
+
+def run_id(proc) -> str:
+    found = re.search(r"log (\S+)\.log\.txt", proc.stdout + proc.stderr)
+    assert found, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return pathlib.Path(found[1]).name
+
+
+def test_a_leftover_job_process_cannot_forge_the_next_jobs_verdict(
+    provisioned: pathlib.Path, tmp_path: pathlib.Path
+):
+    """While a forger runs as `ds` on the head: a job that fails on one rank still ends in its
+    own status (3) and one line naming the node, a job that passes still passes, each exit
+    status is root's (0600, in root's 0700 record), and nothing of the forger's became a fact
+    on the controller."""
+    script = tmp_path / "who_am_i.py"
+    script.write_text(WHO_AM_I)
+    forger = f"/tmp/dscluster-e2e-forger-{NAME}.py"
+    assert on(HEAD, f"cat > {forger} <<'EOF'\n{FORGER}EOF\nchmod 0755 {forger}").returncode == 0
+    started = on(HEAD, f"nohup python3 {forger} >/dev/null 2>&1 & echo started", user="ds")
+    assert started.stdout.strip() == "started", started.stderr
+    try:
+        failed = dsc(
+            "launch", "-i", str(provisioned), "--launcher", "mpi", "--timeout", "120",
+            "--no-doctor", "--master-port", "29523", "--", str(script), "--fail-on", HOSTS[2],
+            timeout=300,
+        )  # fmt: skip
+        assert failed.returncode == 3, failed.stdout[-3000:] + failed.stderr[-3000:]
+        line = failed.stderr.strip().splitlines()[-1]
+        assert f"job exited 3, job failed on rank 2 ({HOSTS[2]})" in line, line
+        passed = dsc(
+            "launch", "-i", str(provisioned), "--launcher", "mpi", "--timeout", "120",
+            "--no-doctor", "--master-port", "29523", "--", str(script), timeout=300,
+        )  # fmt: skip
+        assert passed.returncode == 0, passed.stdout[-3000:] + passed.stderr[-3000:]
+        # the forger was at work in both job directories the whole time
+        for proc, status in ((failed, "3"), (passed, "0")):
+            run = run_id(proc)
+            assert on(HEAD, f"cat {JOBS}/{run}/exit_status", user="ds").stdout == "0\n"
+            record = on(HEAD, f"stat -c '%U %a' /var/lib/dscluster/jobs/{run}/exit_status; "
+                        f"cat /var/lib/dscluster/jobs/{run}/exit_status")  # fmt: skip
+            assert record.stdout.split() == ["root", "600", status], record
+        leak = on(HEAD, "find /root/.ansible_async -user ds 2>/dev/null | head -1").stdout
+        assert leak.strip() == ""
+        facts = pathlib.Path.home() / ".cache" / "dscluster" / "facts"
+        for path in facts.glob("*") if facts.is_dir() else []:
+            assert "/home/ds/pwn" not in path.read_text(errors="replace"), path
+    finally:
+        on(HEAD, f"pkill -f {forger}; rm -f {forger}")
+        on(HEAD, "rm -rf /home/ds/.ansible_async")
+
+
+def test_another_local_user_reads_no_job_log(provisioned: pathlib.Path, tmp_path: pathlib.Path):
+    """A job's directory is 0700 and its log 0600, the training user's: `nobody` on the head
+    and on another node (the same shared storage) can list no job and read no log."""
+    script = tmp_path / "who_am_i.py"
+    script.write_text(WHO_AM_I)
+    proc = dsc(
+        "launch", "-i", str(provisioned), "--launcher", "mpi", "--timeout", "120",
+        "--no-doctor", "--master-port", "29523", "--", str(script), timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    job = f"{JOBS}/{run_id(proc)}"
+    modes = on(HEAD, f"stat -c '%n %U %a' {JOBS} {job} {job}/launcher.log").stdout.split("\n")
+    assert [m.split()[1:] for m in modes if m] == [["ds", "700"]] * 2 + [["ds", "600"]], modes
+    assert "WHOAMI" in on(HEAD, f"cat {job}/launcher.log", user="ds").stdout
+    for host in (HEAD, N2):
+        for attempt in (f"cat {job}/launcher.log", f"ls {JOBS}", f"ls {job}"):
+            seen = on(host, attempt, user="nobody")
+            assert seen.returncode != 0 and "WHOAMI" not in seen.stdout, (host, attempt)
+            assert "Permission denied" in seen.stderr, (host, attempt, seen.stderr)
