@@ -2,11 +2,14 @@
 
 A local cluster's node becomes a Docker image: the node container is committed, the copy is
 cleaned (docker/bake/clean.sh: SSH host keys, machine id, cluster keys, known_hosts, munge
-key, Slurm configuration, caches and logs) in a throw-away container, and that container's
-filesystem is imported as one flat layer, so nothing removed survives in a lower layer. The
-node itself is not touched. `dscluster local up --image TAG` starts nodes from it; each makes
-its own host keys and machine id at first boot and `dscluster provision` gives it the
-cluster's keys and files, while its stack is already installed (ml_stack finds it complete).
+key, Slurm configuration, caches and logs, and whatever the training user and its jobs made:
+its home back to /etc/skel, the job secrets, the node-local directories' contents, every
+file it owns, the ranks' bytecode made again from the venv) in a throw-away container, and
+that container's filesystem is imported as one flat layer, so nothing removed survives in a
+lower layer. The node itself is not touched. `dscluster local up --image TAG` starts nodes
+from it; each makes its own host keys and machine id at first boot and `dscluster provision`
+gives it the cluster's keys and files, while its stack is already installed (ml_stack finds
+it complete).
 
 An AWS cluster's node becomes an AMI the same way: `create_image` of the node (no reboot) is
 an uncleaned copy, a builder instance started from it runs clean.sh at boot and powers off,
@@ -54,9 +57,12 @@ class Bake:
     instance_id: str = ""
     region: str = ""
     # The node's venv and the ranks' bytecode prefix (ml_stack_pycache_dir), as recorded; ""
-    # where its facts name none (then the image's bytecode is left as the node had it).
+    # where its facts name none (then clean.sh's defaults, and no job's imports compiled).
     venv: str = ""
     pycache_dir: str = ""
+    # The node-local directories the training user writes (torch extensions, scratch, the job
+    # area and checkpoints), as recorded: clean.sh empties those on the copy's own disk.
+    node_dirs: tuple[str, ...] = ()
 
     def labels(self) -> dict[str, str]:
         return {
@@ -126,6 +132,7 @@ def check(inv: Inventory, *, node: str | None, name: str | None) -> Bake:
             f"'dscluster provision -i {inv.source}' first, then bake"
         )
     recorded = read_facts_file(facts, host)
+    node_dirs = _node_dirs(facts, recorded.torch_extensions_dir)
     versions = {k: str(v) for k, v in recorded.versions.items() if isinstance(v, str)}
     if not versions.get("torch") or not versions.get("deepspeed"):
         raise DsclusterError(
@@ -155,6 +162,25 @@ def check(inv: Inventory, *, node: str | None, name: str | None) -> Bake:
         region=str(inv.var(host, "dscluster_aws_region") or ""),
         venv=recorded.venv,
         pycache_dir=recorded.pycache_dir,
+        node_dirs=node_dirs,
+    )
+
+
+def _node_dirs(facts: pathlib.Path, torch_extensions_dir: str) -> tuple[str, ...]:
+    """The directories the training user writes on the node, as its facts record them (the
+    launcher's job_root, checkpoint_dir, scratch_dir). Shared ones too: clean.sh empties a
+    directory only on the copy's own disk (a node's copy has no shared mount; the NFS
+    server's export is its disk, and what jobs left there is theirs, not the image's)."""
+    try:
+        data = json.loads(facts.read_text())
+    except (OSError, ValueError):
+        data = {}
+    found: list[object] = [torch_extensions_dir]
+    if isinstance(data, dict):
+        found += [data.get(k) for k in ("scratch_dir", "checkpoint_dir", "job_root")]
+    # absolute paths clean.sh can take in one ':'-separated argument
+    return tuple(
+        dict.fromkeys(p for p in found if isinstance(p, str) and p.startswith("/") and ":" not in p)
     )
 
 
@@ -181,10 +207,6 @@ def _dockerfile(base: str, config: dict[str, Any], labels: dict[str, str]) -> st
     return "\n".join(lines) + "\n"
 
 
-# The heredoc's end marker in warm_script (never a line of pycache_seed.py).
-SEED_END = "DSCLUSTER_PYCACHE_SEED"
-
-
 def warm_modules() -> list[str]:
     """What a training job imports beyond what the install compiled: ml_stack's list
     (roles/ml_stack/vars/main.yml, __ml_stack_warm_modules), the one its seed step uses."""
@@ -195,31 +217,19 @@ def warm_modules() -> list[str]:
     return [str(m) for m in (data or {}).get("__ml_stack_warm_modules") or []]
 
 
-def warm_script(plan: Bake, modules: list[str] | None = None) -> str:
-    """Shell lines, run as root in the copy before clean.sh, that compile a job's imports into
-    the ranks' bytecode prefix as the training user (ml_stack's own seed script, the same
-    modules). ml_stack does that at install only where a node runs several ranks; elsewhere
-    the first job on each node compiles them (about 1500 modules, 5 s of a core per rank).
-    Done once here, every node started from the image runs its first job from bytecode.
-    Best effort: a module that does not import is named in the script's JSON line, and a
-    failure leaves the bake going. "" where the facts record no venv or prefix."""
-    from . import paths  # noqa: PLC0415
-
-    if not (plan.venv and plan.pycache_dir):
-        return ""
-    seed = (paths.collection_root() / "roles/ml_stack/files/pycache_seed.py").read_text()
-    argv = " ".join(
-        shlex.quote(a) for a in [plan.venv, plan.pycache_dir, *(modules or warm_modules())]
-    )
-    user, venv, prefix = (shlex.quote(x) for x in (plan.user, plan.venv, plan.pycache_dir))
-    failed = shlex.quote(json.dumps({"seed_failed": True}))
-    return (
-        f"if [ -x {venv}/bin/python ] && [ -d {prefix} ]; then\n"
-        f"  runuser -u {user} -- python3 - {argv} <<'{SEED_END}' || echo {failed}\n"
-        f"{seed.rstrip()}\n{SEED_END}\n"
-        f"else\n  echo {failed}\n"
-        "fi\n"
-    )
+def clean_args(plan: Bake, modules: list[str] | None = None, *, warm: bool = True) -> list[str]:
+    """clean.sh's arguments for the copy: the training user, `image`, the recorded bytecode
+    prefix and venv ("": clean.sh's defaults), the node-local directories (":"-joined), then
+    (warm, and the facts record both) what a job imports, which the prefix's seed compiles as
+    the training user once the home is emptied. ml_stack compiles those at install only
+    where a node runs several ranks; elsewhere the first job on each node compiles them
+    (about 1500 modules, 5 s of a core per rank). Done once here, every node started from the
+    image runs its first job from bytecode. Best effort: a module that does not import is
+    named in the seed's JSON line, and a failure leaves the bake going."""
+    args = [plan.user, "image", plan.pycache_dir, plan.venv, ":".join(plan.node_dirs)]
+    if warm and plan.venv and plan.pycache_dir:
+        args += modules if modules is not None else warm_modules()
+    return args
 
 
 def seed_said(stdout: str) -> str:
@@ -268,15 +278,16 @@ def bake_docker(plan: Bake, console: Console) -> str:
     try:
         console.print(f"committing {container} (paused for the commit)")
         docker("commit", "--pause=true", container, scratch_tag, timeout=1800)
-        warm = warm_script(plan)
+        args = clean_args(plan)
         console.print(
-            "cleaning a copy: host keys, machine id, cluster keys, munge key, caches"
-            + ("; a job's imports compiled into the ranks' bytecode" if warm else "")
+            "cleaning a copy: host keys, machine id, cluster keys, munge key, caches, the "
+            "training user's files; the ranks' bytecode made again from the venv"
+            + ("; a job's imports compiled into it" if len(args) > 5 else "")
         )
         cleaned = run(
             ["docker", "run", "-i", "--name", scratch, "--entrypoint", "/bin/sh",
-             scratch_tag, "-s", plan.user],
-            input=warm + script,
+             scratch_tag, "-s", *args],
+            input=script,
             timeout=900,
         )  # fmt: skip
         if said := seed_said(cleaned.stdout):
@@ -320,9 +331,10 @@ def bake_docker(plan: Bake, console: Console) -> str:
 TEMP_TAG = "dscluster:bake-temporary"
 
 
-def builder_user_data(user: str) -> str:
+def builder_user_data(user: str, extra: list[str] | tuple[str, ...] = ()) -> str:
     """cloud-config for the builder, an instance started from an uncleaned copy of the node:
-    docker/bake/clean.sh (and every user's authorized_keys) in cloud-init's bootcmd, which
+    docker/bake/clean.sh (`user image`, then `extra`: clean_args' prefix, venv and node-local
+    directories) and every user's authorized_keys in cloud-init's bootcmd, which
     runs before sshd starts and before cloud-init's ssh module makes host keys; then it
     powers off. A failed cleaning never powers off (the bake times out and keeps nothing),
     and the sleep keeps boot, sshd included, from going on past this step."""
@@ -333,8 +345,10 @@ def builder_user_data(user: str) -> str:
     script = (paths.docker_dir() / "bake" / "clean.sh").read_bytes()
     encoded = base64.b64encode(script).decode()
     command = (
-        f"echo {encoded} | base64 -d | sh -s -- {shlex.quote(user)} image"
-        " && rm -f /home/*/.ssh/authorized_keys && sync && systemctl poweroff; exec sleep infinity"
+        f"echo {encoded} | base64 -d | sh -s -- "
+        + " ".join(shlex.quote(a) for a in [user, "image", *extra])
+        + " && rm -f /home/*/.ssh/authorized_keys && sync && systemctl poweroff;"
+        " exec sleep infinity"
     )
     return (
         "#cloud-config\n"
@@ -478,7 +492,8 @@ def _bake_steps(
         "InstanceType": node["InstanceType"],
         "MinCount": 1,
         "MaxCount": 1,
-        "UserData": builder_user_data(plan.user),
+        # no job's imports compiled at the builder's boot: its prefix is the venv's bytecode
+        "UserData": builder_user_data(plan.user, clean_args(plan, warm=False)[2:]),
         "InstanceInitiatedShutdownBehavior": "stop",
         "MetadataOptions": METADATA_OPTIONS,
         "BlockDeviceMappings": root_volume(copy, made.image),

@@ -1,5 +1,8 @@
 """`dscluster image bake` for real: a node of the provisioned session cluster becomes a flat
-Docker image with none of its identity or secrets, the node itself untouched; a new cluster
+Docker image with none of its identity or secrets, and nothing its training user made there
+(tokens, history, ~/.local, authorized_keys2, bytecode in the ranks' prefix, a job's scratch
+files, the job secrets: planted before the bake, found in no path and no byte of the image),
+the node itself untouched; a new cluster
 starts from it (`local up --image`), its provision finds the stack installed (no wheel
 reinstalled), gives each node its own host keys, machine id and the new cluster's key, and a
 smoke job passes; `local up --nodes 3` later starts the third node from the same image and
@@ -10,6 +13,9 @@ from __future__ import annotations
 import json
 import pathlib
 import re
+import secrets
+import subprocess
+import tarfile
 import time
 
 import pytest
@@ -34,7 +40,23 @@ SECRETS = (
     "/home/ds/.ssh/id_ed25519",
     "/home/ds/.ssh/authorized_keys",
     "/root/.ssh/authorized_keys",
+    # what the training user or provision made (planted by the baked fixture)
+    "/home/ds/.ssh/authorized_keys2",
+    "/home/ds/.cache/huggingface/token",
+    "/home/ds/.netrc",
+    "/var/lib/dscluster/secrets.env",
 )
+# What the training user (any job) and provision leave on the source node, planted before the
+# bake with this marker in every file, and taken out of the node again after it.
+CANARY = f"DSC-BAKE-CANARY-{secrets.token_hex(8)}"
+HOME_PLANTED = (
+    ".cache/huggingface/token",
+    ".netrc",
+    ".bash_history",
+    ".local/lib/python3.11/site-packages/usercustomize.py",
+    ".ssh/authorized_keys2",
+)
+SECRETS_ENV = "/var/lib/dscluster/secrets.env"
 
 
 def sh(container: str, script: str) -> str:
@@ -45,20 +67,113 @@ def in_image(script: str) -> str:
     return docker("run", "--rm", "--entrypoint", "/bin/sh", TAG, "-c", script).strip()
 
 
+def planted(facts: dict) -> list[str]:
+    """The absolute paths plant() writes on the source node (all the training user's but the
+    job secrets): its home's, a bytecode file in the ranks' prefix, one in the torch
+    extensions and one in the node-local scratch directory."""
+    versions = facts["versions"]
+    return [
+        *(f"/home/ds/{rel}" for rel in HOME_PLANTED),
+        f"{versions['pycache_dir']}/dsc_bake_canary.cpython-311.pyc",
+        f"{versions['torch_extensions_dir']}/dsc_bake_canary.so",
+        f"{facts['scratch_dir']}/dsc-bake-canary",
+    ]
+
+
+def plant(node: str, facts: dict) -> bool:
+    """What a job leaves, written as ds (each file's one line holds CANARY; a key line in
+    authorized_keys2 that is no valid key), and the job secrets as provision writes them, as
+    root, where the node has none. True when the secrets file was made here."""
+    lines = " ".join(f"'{p}'" for p in planted(facts))
+    docker(
+        "exec", "-u", "ds", node, "sh", "-c",
+        f"set -eu; for f in {lines}; do mkdir -p \"$(dirname \"$f\")\"; "
+        f"echo '# ssh-ed25519 AAAA{CANARY.replace('-', '')} {CANARY}' >> \"$f\"; done",
+    )  # fmt: skip
+    made = sh(node, f"test -e {SECRETS_ENV} && echo there || echo made")
+    sh(
+        node,
+        f"set -eu; mkdir -p {pathlib.PurePosixPath(SECRETS_ENV).parent}; "
+        f"[ -e {SECRETS_ENV} ] || install -o ds -g ds -m 0600 /dev/null {SECRETS_ENV}; "
+        f"echo 'export DSC_BAKE_CANARY={CANARY}' >> {SECRETS_ENV}",
+    )
+    return made == "made"
+
+
+def unplant(node: str, facts: dict, secrets_made: bool) -> None:
+    """The source node as it was: CANARY's lines out of each planted file, a file (and a
+    directory of the home) left empty removed (the session cluster is used after this module)."""
+    lines = " ".join(f"'{p}'" for p in planted(facts))
+    out = (
+        f'for f in {lines}; do [ -f "$f" ] || continue; sed -i \'/{CANARY}/d\' "$f"; '
+        '[ -s "$f" ] || rm -f "$f"; done; cd /home/ds && rmdir -p --ignore-fail-on-non-empty '
+        ".cache/huggingface .local/lib/python3.11/site-packages 2>/dev/null; true"
+    )
+    docker("exec", "-u", "ds", node, "sh", "-c", out)
+    if secrets_made:
+        sh(node, f"rm -f {SECRETS_ENV}")
+    else:
+        sh(node, f"sed -i '/{CANARY}/d' {SECRETS_ENV}")
+    dirs = sorted({str(pathlib.PurePosixPath(p).parent) for p in planted(facts)} - {"/home/ds"})
+    left = sh(
+        node, f"grep -rlF -e '{CANARY}' /home/ds {SECRETS_ENV} {' '.join(dirs)} 2>/dev/null; true"
+    )
+    assert left == "", left
+
+
+def exported(tag: str) -> tuple[dict[str, str], list[str]]:
+    """A container of the image, read as `docker export` streams it: each path (no leading
+    "/") and its type, and every path whose name, link target or content holds CANARY."""
+    made = docker("create", "--entrypoint", "/bin/true", tag).strip()
+    paths: dict[str, str] = {}
+    found: list[str] = []
+    needle = CANARY.encode()
+    try:
+        with (
+            subprocess.Popen(["docker", "export", made], stdout=subprocess.PIPE) as export,
+            tarfile.open(fileobj=export.stdout, mode="r|") as tar,
+        ):
+            for member in tar:
+                name = member.name.removeprefix("./").rstrip("/")
+                paths[name] = "dir" if member.isdir() else "file" if member.isfile() else "other"
+                if needle in (member.name + member.linkname).encode():
+                    found.append(name)
+                if not member.isfile():
+                    continue
+                data, tail = tar.extractfile(member), b""
+                while chunk := data.read(1 << 20):
+                    if needle in tail + chunk:
+                        found.append(name)
+                        break
+                    tail = chunk[-len(needle) :]
+            while export.stdout.read(1 << 20):  # the archive's end blocks: docker export ends
+                pass
+        assert export.returncode == 0 and paths, export.returncode
+    finally:
+        docker("rm", "-f", made)
+    return paths, found
+
+
 @pytest.fixture(scope="module")
 def baked(cluster: pathlib.Path, provisioned):
     """The image, baked from the session cluster's second node; removed after the module."""
     home = cluster.parent.parent
     dsc("--home", str(home), "local", "down", "--name", BAKED)
     key_before = sh(f"dsc-{SOURCE}", "cat /etc/ssh/ssh_host_ed25519_key.pub")
-    started = time.monotonic()
-    proc = dsc("image", "bake", "-i", str(cluster), "--node", SOURCE, "--name", TAG)
-    took = time.monotonic() - started
+    facts = json.loads((cluster / "facts" / f"{SOURCE}.json").read_text())
+    secrets_made = plant(f"dsc-{SOURCE}", facts)
+    try:
+        started = time.monotonic()
+        proc = dsc("image", "bake", "-i", str(cluster), "--node", SOURCE, "--name", TAG)
+        took = time.monotonic() - started
+    finally:
+        unplant(f"dsc-{SOURCE}", facts, secrets_made)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     print(f"image bake: {took:.0f} s")
     assert f"baked {TAG} from {SOURCE}" in proc.stdout
-    # the copy compiled a job's imports into the ranks' bytecode (its node runs one rank: its
-    # install did not, so before this every node of the image compiled them in its first job)
+    # the copy's ranks' bytecode was emptied (what ds planted there goes) and seeded again from
+    # the venv, with a job's imports compiled into it (its node runs one rank: its install did
+    # not, so before this every node of the image compiled them in its first job)
     assert re.search(
         r"the ranks' bytecode: [1-9]\d* files compiled for a job's imports", proc.stderr
     ), proc.stderr[-2000:]
@@ -110,6 +225,22 @@ def test_baked_image_is_one_layer_without_the_nodes_identity(cluster: pathlib.Pa
     read = [ln for ln in out.splitlines() if ln.startswith("# code object from ")]
     assert len(read) > 1000, read[-20:]
     assert [ln for ln in read if not ln.startswith(f"# code object from '{prefix}/")] == []
+
+
+def test_nothing_the_training_user_made_is_in_the_image(cluster: pathlib.Path, baked):
+    """What ds planted on the source node before the bake (a Hugging Face token, ~/.netrc,
+    shell history, a usercustomize.py in ~/.local, a key in authorized_keys2, bytecode in the
+    ranks' prefix, a torch extension, a scratch file) and the job secrets are in no path of the
+    image and CANARY in no byte of it; ds's home is /etc/skel's files, nothing more."""
+    facts = json.loads((cluster / "facts" / f"{SOURCE}.json").read_text())
+    paths, found = exported(TAG)
+    assert found == [], found
+    gone = [p for p in [*planted(facts), SECRETS_ENV] if p.lstrip("/") in paths]
+    assert gone == [], gone
+    assert paths.get(facts["versions"]["pycache_dir"].lstrip("/")) == "dir"  # seeded again
+    home = sorted(p.removeprefix("home/ds/") for p in paths if p.startswith("home/ds/"))
+    skel = sorted(p.removeprefix("etc/skel/") for p in paths if p.startswith("etc/skel/"))
+    assert home == skel, (home, skel)
 
 
 def test_cluster_from_the_baked_image_provisions_without_reinstalling(cluster: pathlib.Path, baked):

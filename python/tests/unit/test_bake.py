@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -186,92 +187,161 @@ def test_flat_image_gets_the_node_image_run_configuration_and_labels():
     ]
 
 
-def test_clean_script_takes_out_what_makes_a_node_one_node(tmp_path):
-    """clean.sh on a copy of a node's files (a chroot-free run: paths rewritten under a
-    scratch root): host keys, machine id, cluster keys, known_hosts, munge key, Slurm
-    configuration go; the stack stays."""
+def rooted_clean(root: pathlib.Path, uid: int, gid: int) -> str:
+    """clean.sh with its absolute paths under a scratch root (a chroot-free run), the training
+    user's account as getent would give it (home under the root), runuser left out (the seed
+    runs as this process's user). Nothing may reach this machine's own files: every absolute
+    path left in a command is under the scratch root, or /dev/null."""
     script = (paths.docker_dir() / "bake" / "clean.sh").read_text()
+    rooted = re.sub(r"(?<=[\s\"'=:-])/(etc|root|var|tmp|opt|home)\b", f"{root}/\\1", script)
+    getent = 'account=$(getent passwd "$user" || true)'
+    assert getent in rooted
+    rooted = rooted.replace(getent, f'account="$user:x:{uid}:{gid}::{root}/home/$user:/bin/sh"')
+    sweep = "find / -xdev -user"  # every file of the user's on the disk: here, the root's
+    assert sweep in rooted
+    rooted = rooted.replace(sweep, f"find {root} -xdev -user")
+    assert 'runuser -u "$user" -- ' in rooted
+    rooted = rooted.replace('runuser -u "$user" -- ', "")
+    for line in rooted.splitlines():
+        if line.lstrip().startswith("printf"):
+            continue  # the drop-in's text (the path it names on the node), not a command
+        code = line.split("#", 1)[0]
+        if code.strip() == "/*/*) ;;":
+            continue  # a case pattern (an absolute path of two components or more)
+        # no command on / itself (but the seed's working directory)
+        assert not re.search(r"\s/(\s|$)", code.replace("(cd / &&", "")), line
+        for path in re.findall(r"(?<![\w.$}])/[\w.*-][^\s\"';|]*", code):
+            assert path.startswith((str(root), "/dev/null", "/bin/sh")), (path, line)
+    return rooted
+
+
+# The training user's uid and gid in the rooted runs: this process's own where it is not root
+# (it can chown to them), else an unused pair (root chowns to any).
+OWNER = (os.getuid(), os.getgid()) if os.getuid() else (54321, 54321)
+
+
+def test_clean_script_takes_out_what_makes_a_node_one_node(tmp_path):
+    """clean.sh on a copy of a node's files: host keys, machine id, cluster keys, known_hosts,
+    munge key, Slurm configuration go; so does what the training user made: its home back to
+    /etc/skel (a ~/.ssh that links to root's is removed as a link), authorized_keys2, the job
+    secrets, the node-local directories' contents (the directories stay), its files elsewhere;
+    the stack stays."""
     root = tmp_path / "root"
     files = {
         "etc/ssh/ssh_host_ed25519_key": "k",
         "etc/ssh/ssh_host_ed25519_key.pub": "k",
         "etc/ssh/ssh_known_hosts": "bk-n1 ssh-ed25519 AAA",
         "etc/machine-id": "0123456789abcdef0123456789abcdef\n",
+        "etc/skel/.profile": "skel",
         "root/.ssh/authorized_keys": "ssh-ed25519 AAA bootstrap",
-        "home/ds/.ssh/id_ed25519": "secret",
-        "home/ds/.ssh/id_ed25519.pub": "pub",
-        "home/ds/.ssh/authorized_keys": "pub",
-        "home/ds/.ssh/config": "Host *\n",
+        "root/.ssh/authorized_keys2": "ssh-ed25519 AAA planted",
+        "root/.ssh/id_ed25519": "root's key",
+        "root/.ssh/keep-me": "root's",
+        "home/ds/.ssh-real/id_ed25519": "secret",
+        "home/ds/.netrc": "machine x password p",
+        "home/ds/.cache/huggingface/token": "hf_x",
+        "home/ds/.local/lib/python3.11/site-packages/usercustomize.py": "import os",
+        "home/other/.ssh/authorized_keys2": "ssh-ed25519 AAA other",
+        "var/lib/dscluster/secrets.env": "export HF_TOKEN=x",
+        "var/lib/dscluster/scratch/job/swap": "x",
+        "var/spool/cron/crontabs/ds": "* * * * * x",
         "etc/munge/munge.key": "m",
         "etc/slurm/slurm.conf": "ClusterName=bk",
         "opt/dscluster/venv/bin/python": "#!",
+        "opt/dscluster/torch_extensions/py311_cpu/op/op.so": "x",
+        "opt/dscluster/pycache/evil.cpython-311.pyc": "x",
         "root/.cache/pip/x": "c",
     }
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
-    # The script's absolute paths, under the scratch root; getent answers for ds.
-    rooted = re.sub(r"(?<=[\s\"'])/(etc|root|var|tmp)\b", f"{root}/\\1", script)
-    rooted = rooted.replace('"$(getent passwd "$user" | cut -d: -f6)"', f'"{root}/home/$user"')
-    # Nothing may reach this machine's own files: every absolute path left in a command is
-    # under the scratch root, or /dev/null.
-    for line in rooted.splitlines():
-        if line.lstrip().startswith("printf"):
-            continue  # the drop-in's text (the path it names on the node), not a command
-        code = line.split("#", 1)[0]
-        for path in re.findall(r"(?<![\w.$}])/[\w.*-][^\s\"';|]*", code):
-            assert path.startswith((str(root), "/dev/null", "/bin/sh")), (path, line)
+    (root / "home/ds/.ssh").symlink_to(root / "root/.ssh")  # ds's ~/.ssh, a link to root's
+    (root / "home/ds/.ssh-real").rename(root / "home/ds/.ssh-old")
+    uid, gid = OWNER
+    for rel in ("var/lib/dscluster/secrets.env", "var/spool/cron/crontabs/ds"):
+        os.chown(root / rel, uid, gid)
+    rooted = rooted_clean(root, uid, gid)
     proc = subprocess.run(
-        ["sh", "-s", "ds"], input=rooted, capture_output=True, text=True, check=False, timeout=60
-    )
+        ["sh", "-s", "ds", "image", "", "", f"{root}/opt/dscluster/torch_extensions:"
+         f"{root}/var/lib/dscluster/scratch:{root}/var/lib/dscluster/checkpoints"],
+        input=rooted, capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     left = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     assert left == [
         "etc/machine-id",
+        "etc/skel/.profile",
         "etc/systemd/system/munge.service.d/dscluster-baked.conf",
-        "home/ds/.ssh/config",
+        "home/ds/.profile",
         "opt/dscluster/venv/bin/python",
-    ]
+        "root/.ssh/keep-me",
+    ], left
     assert (root / "etc/machine-id").read_text() == ""
+    # the directories provisioning made stay, emptied; a ~/.ssh that links is gone as a link
+    for rel in ("var/lib/dscluster/scratch", "opt/dscluster/torch_extensions", "home/other/.ssh"):
+        assert (root / rel).is_dir() and not any((root / rel).iterdir()), rel
+    assert sorted(p.name for p in (root / "home/ds").iterdir()) == [".profile"]
+    assert (root / "home/ds").stat().st_uid == uid
+    # no venv that runs: the prefix stays empty, and the seed says it did not run
+    assert not any((root / "opt/dscluster/pycache").iterdir())
+    assert bake.seed_said(proc.stdout).startswith("the ranks' bytecode: the seed did not run")
 
 
 def test_bake_compiles_a_jobs_imports_into_the_ranks_bytecode_in_the_copy(tmp_path):
-    """The lines bake runs in the copy before clean.sh: ml_stack's seed script, as the training
-    user, with the node's recorded venv and bytecode prefix and ml_stack's list of what a job
-    imports. Run here (runuser left out: this machine has no training user) on a venv of
-    this Python: the named modules' bytecode lands in the prefix, and one that does not
-    import is named in bake's line, not fatal."""
+    """clean.sh's last word on the copy's bytecode prefix: emptied, then ml_stack's seed script
+    (as the training user, here this process) with the node's recorded venv and prefix and
+    ml_stack's list of what a job imports. Run here on a venv of this Python: the named
+    modules' bytecode lands in the prefix, what was planted there is gone, and one that does
+    not import is named in bake's line, not fatal."""
     inv = local_inventory(tmp_path)
-    venv, prefix = tmp_path / "venv", tmp_path / "pycache"
+    root = tmp_path / "root"
+    venv, prefix = f"{root}/opt/dscluster/venv", f"{root}/opt/dscluster/pycache"
     for host in ("bk-n1", "bk-n2", "bk-n3"):
         write_facts(
             inv / "facts", host,
-            versions={"torch": "2.13.0+cpu", "deepspeed": "0.19.8", "venv": str(venv),
-                      "torch_extensions_dir": "/opt/x", "pycache_dir": str(prefix)},
+            versions={"torch": "2.13.0+cpu", "deepspeed": "0.19.8", "venv": venv,
+                      "torch_extensions_dir": "/opt/x", "pycache_dir": prefix},
+            scratch_dir="/var/lib/dscluster/scratch", checkpoint_dir="/shared/c",
+            job_root="/shared/j",
         )  # fmt: skip
     plan = bake.check(load(inv), node=None, name=None)
-    assert (plan.venv, plan.pycache_dir) == (str(venv), str(prefix))
+    assert (plan.venv, plan.pycache_dir) == (venv, prefix)
+    assert plan.node_dirs == ("/opt/x", "/var/lib/dscluster/scratch", "/shared/c", "/shared/j")
     # ml_stack's own list, read from the collection this client drives
     modules = bake.warm_modules()
     assert {"deepspeed.runtime.engine", "deepspeed.launcher.launch", "torch._dynamo"} <= set(
         modules
     )
-    script = bake.warm_script(plan)
-    assert f"runuser -u ds -- python3 - {venv} {prefix} {' '.join(modules)} <<" in script
+    args = bake.clean_args(plan)
+    assert args == ["ds", "image", prefix, venv, ":".join(plan.node_dirs), *modules]
+    assert bake.clean_args(plan, warm=False) == args[:5]
     # what the copy runs, on this machine: a module of the standard library and one absent
-    (venv / "bin").mkdir(parents=True)
-    (venv / "bin" / "python").symlink_to(sys.executable)
-    prefix.mkdir()
-    here = bake.warm_script(plan, ["json.tool", "no_such_module_here"])
+    seed = paths.collection_root() / "roles/ml_stack/files/pycache_seed.py"
+    (root / "etc").mkdir(parents=True)
+    (root / "home/ds").mkdir(parents=True)
+    (root / "opt/dscluster/bin").mkdir(parents=True)
+    (root / "opt/dscluster/bin/pycache_seed.py").write_bytes(seed.read_bytes())
+    (root / "opt/dscluster/venv/bin").mkdir(parents=True)
+    (root / "opt/dscluster/venv/bin/python").symlink_to(sys.executable)
+    (root / "opt/dscluster/pycache").mkdir(parents=True)
+    (root / "opt/dscluster/pycache/evil.cpython-311.pyc").write_text("planted")
+    uid, gid = OWNER
+    rooted = rooted_clean(root, uid, gid)
+    # the node-local directories as clean.sh's defaults name them (under the root here): the
+    # recorded ones are this machine's paths
+    here = bake.clean_args(plan, ["json.tool", "no_such_module_here"])
+    here[4] = ""
+    assert all(a.startswith(str(root)) for a in here if a.startswith("/")), here
     proc = subprocess.run(
-        ["sh", "-s", "ds"], input=here.replace("runuser -u ds -- ", "") + "echo cleaned\n",
-        capture_output=True, text=True, check=False, timeout=120,
+        ["sh", "-s", *here], input=rooted, capture_output=True, text=True, check=False,
+        timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "cleaned"
     tag = sys.implementation.cache_tag
     json_dir = pathlib.Path(json.__file__).parent
-    assert (prefix / str(json_dir).lstrip("/") / f"tool.{tag}.pyc").is_file()
+    assert (pathlib.Path(prefix + str(json_dir)) / f"tool.{tag}.pyc").is_file()
+    assert not (root / "opt/dscluster/pycache/evil.cpython-311.pyc").exists()
     said = bake.seed_said(proc.stdout)
     assert re.fullmatch(
         r"the ranks' bytecode: [1-9][0-9]* files compiled for a job's imports "
@@ -281,17 +351,11 @@ def test_bake_compiles_a_jobs_imports_into_the_ranks_bytecode_in_the_copy(tmp_pa
     assert bake.seed_said('{"seed_failed": true}\ncleaned\n').startswith(
         "the ranks' bytecode: the seed did not run"
     )
-    # a copy without the recorded venv: one line says the seed did not run
-    gone = bake.Bake(**{**plan.__dict__, "venv": str(tmp_path / "no-venv")})
-    proc = subprocess.run(
-        ["sh", "-s", "ds"], input=bake.warm_script(gone, ["json"]), capture_output=True,
-        text=True, check=False, timeout=60,
-    )  # fmt: skip
-    assert bake.seed_said(proc.stdout).startswith("the ranks' bytecode: the seed did not run")
-    # facts that record no prefix: nothing to compile, the image's bytecode as the node had it
+    # facts that record no prefix: clean.sh's defaults, no job's imports compiled
     for host in ("bk-n1", "bk-n2", "bk-n3"):
         write_facts(inv / "facts", host)
-    assert bake.warm_script(bake.check(load(inv), node=None, name=None)) == ""
+    bare = bake.clean_args(bake.check(load(inv), node=None, name=None))
+    assert bare == ["ds", "image", "", "/opt/dscluster/venv", "/opt/dscluster/torch_extensions"]
 
 
 # ---------------------------------------------------------------- AWS, on moto
@@ -327,8 +391,11 @@ BAKED_TAGS = {
     "dscluster:baked-deepspeed": "0.19.8",
     aws_config.BAKED_USER_TAG: "ds",
 }
+# clean.sh's arguments after `image`: the recorded prefix ('' where none), venv and node-local
+# directories; no modules (the builder compiles no job's imports at boot)
 CLEAN_THEN_POWER_OFF = re.compile(
-    r"echo (\S+) \| base64 -d \| sh -s -- ds image && rm -f /home/\*/\.ssh/authorized_keys"
+    r"echo (\S+) \| base64 -d \| sh -s -- ds image '' /opt/dscluster/venv"
+    r" /opt/dscluster/torch_extensions && rm -f /home/\*/\.ssh/authorized_keys"
     r" && sync && systemctl poweroff; exec sleep infinity"
 )
 
@@ -433,7 +500,7 @@ def test_aws_bake_keeps_nothing_when_the_builder_never_stops(ec2, tmp_path, monk
     AMI, and removes the uncleaned copy, its snapshots and the builder."""
     sess, inv = aws_source(ec2, tmp_path)
     plan = bake.check(inv, node=None, name="dscluster-src-fails")
-    monkeypatch.setattr(bake, "builder_user_data", lambda user: "#cloud-config\nbootcmd: []\n")
+    monkeypatch.setattr(bake, "builder_user_data", lambda *a: "#cloud-config\nbootcmd: []\n")
     aws_moto.reset()
     with pytest.raises(DsclusterError) as exc:
         bake.bake_aws(plan, sess, wait_s=3, console=Console())

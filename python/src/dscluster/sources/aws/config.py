@@ -411,7 +411,10 @@ def baked_user_data(user: str = "ds") -> str:
     """cloud-config for a node started from a baked AMI: docker/bake/clean.sh once per
     instance, in cloud-init's bootcmd (before its ssh module makes the host keys and installs
     the key pair): the cluster keys, known_hosts, munge key and Slurm configuration of the
-    node the AMI was made from are gone before sshd first lets anyone in."""
+    node the AMI was made from are gone before sshd first lets anyone in, and so is what its
+    training user left in its home, the job secrets and the default node-local directories
+    (what an AMI baked before clean.sh took those out may hold; the builder took them out of
+    a newer one, and remade its bytecode prefix, which first-boot leaves as it is)."""
     import base64  # noqa: PLC0415
 
     from ... import paths  # noqa: PLC0415
