@@ -3,6 +3,7 @@ from __future__ import annotations
 import argparse
 import ast
 import io
+import json
 import os
 import pathlib
 import stat
@@ -506,3 +507,42 @@ def test_the_default_nvme_dir_is_a_private_one_another_user_cannot_plant(tmp_pat
         os.chown(foreign, 65534, 65534)
         with pytest.raises(SystemExit, match=r"not a directory of this user's \(uid 65534\)"):
             smoke_checks.private_dir(str(foreign))
+
+
+@pytest.mark.parametrize(
+    ("written", "status", "said"),
+    [
+        # a leftover process of an earlier job rewrote the report of a job that was cut
+        ('{"ok": true, "checks": {}, "ranks": []}', "124", "exited 124"),
+        ("[]", "0", "report_readable"),  # not an object
+        ('{"ok": true, "ranks": [1, 2]}', "0", "report_ranks_readable"),
+        ('{"ok": true, "world_size": true}', "0", "report_world_size_readable"),
+        (None, "0", "no report written"),
+    ],
+)
+def test_the_pass_needs_roots_record_and_a_report_of_the_known_shape(
+    inventory_dir, monkeypatch, written, status, said
+):
+    """The job's report.json is the training user's (SECURITY.md): a report that says ok does
+    not pass a job root's record on the head says exited 124, and one of another shape fails
+    in one line (no traceback) rather than steering the grading."""
+    from dscluster.runner import PlaybookResult  # noqa: PLC0415
+
+    def fake_playbook(playbook, inv, *, extravars, **kw):
+        fetched = pathlib.Path(extravars["launch_fetch_dir"])
+        if written is not None:
+            (fetched / "report.json").write_text(written)
+        (fetched / "launcher.log").write_text("")
+        (fetched / "exit_status").write_text(f"{status}\n")
+        return PlaybookResult(status="successful", rc=0, hosts={}, failures=[])
+
+    monkeypatch.setattr(launch_run, "run_playbook", fake_playbook)
+    with pytest.raises(DsclusterError) as failed:
+        run_smoke(load(str(inventory_dir)), steps=1, console=Console(file=io.StringIO()))
+    line = str(failed.value)
+    assert "\n" not in line and said in line, line
+    if status != "0":
+        assert "root's record on the head) though its own report says ok" in line
+    report = json.loads((inventory_dir / "reports" / "smoke-latest.json").read_text())
+    assert report["ok"] is (written is not None and status != "0")
+    assert report["launcher_rc"] == int(status)

@@ -149,11 +149,7 @@ def run_smoke(  # noqa: C901, PLR0912, PLR0913, PLR0915 - the smoke command's op
         console=console,
         playbook="smoke.yml",
     )
-    report: dict[str, Any]
-    if "report.json" in result.fetched:
-        report = json.loads(result.fetched["report.json"])
-    else:
-        report = {"ok": False, "checks": {"report_written": False}, "ranks": []}
+    report = job_report(result.fetched.get("report.json"))
     if report.get("world_size") not in (None, plan.world_size):
         report["ok"] = False  # fewer ranks joined than the hostfile has slots
     report["run_id"] = run_id
@@ -195,9 +191,57 @@ def run_smoke(  # noqa: C901, PLR0912, PLR0913, PLR0915 - the smoke command's op
         report["png"] = str(png)
     atomic_write(out, json.dumps(report, indent=2, sort_keys=True) + "\n")
     atomic_write(reports / "smoke-latest.json", out.read_text())
+    if report.get("ok") and result.rc != 0:
+        # the job's word against root's record: the record decides, and the line says so
+        tail = " ".join(report.get("launcher_log_tail", [])[-3:])[-300:]
+        raise DsclusterError(
+            f"smoke job exited {result.rc} (root's record on the head) though its own report "
+            f"says ok: {tail or 'no launcher output'}; report: {out}"
+        )
     if not report.get("ok") or result.rc != 0:
         raise DsclusterError(_failure_line(report, result.playbook.failures, out))
     return report, out
+
+
+# The sections of the job's report the controller reads, and their JSON types: the report is
+# the training user's words (any job can rewrite it), so a section of another shape is not
+# read at all and the run does not pass.
+REPORT_SHAPES: dict[str, type] = {
+    "ok": bool,
+    "checks": dict,
+    "ranks": list,
+    "configs": list,
+    "world_size": int,
+    "device_bench": dict,
+    "allreduce": list,
+    "p2p": dict,
+    "tcp": dict,
+}
+
+
+def job_report(text: str | None) -> dict[str, Any]:
+    """The job's report.json as a dict the controller can read: none written, not JSON, not an
+    object or a section of another shape gives a failing report that says which."""
+    if text is None:
+        return {"ok": False, "checks": {"report_written": False}, "ranks": []}
+    try:
+        report = json.loads(text)
+    except ValueError:
+        report = None
+    if not isinstance(report, dict):
+        return {"ok": False, "checks": {"report_readable": False}, "ranks": []}
+    bad = [k for k, shape in REPORT_SHAPES.items() if k in report and not _shaped(report[k], shape)]
+    if bad:
+        return {"ok": False, "checks": {f"report_{k}_readable": False for k in bad}, "ranks": []}
+    return report
+
+
+def _shaped(value: object, shape: type) -> bool:
+    # bool is an int to isinstance: a world size of true is no world size
+    if not isinstance(value, shape) or (shape is int and isinstance(value, bool)):
+        return False
+    # the per-rank and per-config entries are read by name
+    return not isinstance(value, list) or all(isinstance(item, dict) for item in value)
 
 
 def checked_ds_config(path: pathlib.Path) -> pathlib.Path:
@@ -263,10 +307,12 @@ def _failure_line(
         who = "; ".join(f"{host}: {why}" for host, why in lost.items())
         return f"smoke job failed, lost node(s) {', '.join(lost)} ({who}){fix}; report: {out}"
     tail = " ".join(report.get("launcher_log_tail", [])[-3:])[-300:]
-    if failures:
+    unread = [name for name in failed if name.startswith("report_") and name != "report_written"]
+    if failures and not unread:
         host, task, msg = failures[0]
         return f"smoke job failed: {task} on {host}: {msg[:200]} {tail}{fix}; report: {out}"
-    return f"smoke job failed: {tail or 'no report written'}{fix}; report: {out}"
+    what = f"its report.json is unreadable ({', '.join(unread)})" if unread else ""
+    return f"smoke job failed: {what or tail or 'no report written'}{fix}; report: {out}"
 
 
 def _fix(signatures: Sequence[Mapping[str, Any]]) -> str:
