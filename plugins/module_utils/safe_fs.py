@@ -252,3 +252,92 @@ def ensure_dir(
         os.close(fd)
         raise
     return fd, made, changed
+
+
+# ---- root_chain: a path root runs from or writes through -----------------------------------
+
+LINK_HOPS = 16  # links followed on the way; more is refused (the kernel's ELOOP says 40)
+
+
+def others_write(st: os.stat_result) -> bool:
+    """Someone but the owner may write it (check_dir's rule: group write is the owner's alone
+    where the group is root's or the owner's own)."""
+    group_others = st.st_mode & 0o020 and st.st_gid not in (0, _primary_gid(st.st_uid))
+    return bool(st.st_mode & 0o002 or group_others)
+
+
+def _group(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def _chain_refusal(path: str, here: str, st: os.stat_result, via: list[str]) -> str:
+    """Why root may not trust `here`, met on the way to `path`, or ''."""
+    if st.st_uid != 0:
+        problem = f"{here} belongs to {account(st.st_uid)}"
+    elif others_write(st) and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
+        problem = (
+            f"{here} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}, group "
+            f"{_group(st.st_gid)})"
+        )
+    else:
+        return ""
+    route = f" (through {', '.join(via)})" if via else ""
+    return (
+        f"{path}{route}: {problem}; root runs nothing from, and writes nothing through, a path "
+        f"another user could change: make {here} root's (chown root:root, chmod go-w) or set "
+        "the variable that names this path to one below root's own directories (/opt/dscluster)"
+    )
+
+
+def root_chain(path: str) -> None:
+    """Refuse `path` (UnsafePath: one line naming it, the component at fault, its owner and the
+    fix) unless root alone can change it and every directory above it, up to /.
+
+    From / one component at a time, each looked up without following links (lstat) and only
+    after the directory it is in was checked: a component that is not root's, or that others
+    may write (a sticky directory such as /tmp excepted, as check_dir decides), is refused.
+    Names are safe to use here because every directory already passed is one only root can
+    change: nothing below it can be swapped once checked (and if root changes it, root meant
+    to). The last component may be a directory or a file. A link is followed, its target
+    checked the same way from where it points: a link in a directory only root can change was
+    made by root (a venv's bin/python -> /usr/bin/python3, merged-usr's /bin -> usr/bin), and
+    where it leads must be root's too. A missing tail is accepted: root makes it later (the
+    module that makes a directory, cluster_dirs' walk, checks each one as it makes it); only
+    what exists is checked."""
+    if not path.startswith("/"):
+        raise UnsafePath(f"{path} is not an absolute path")
+    todo = [p for p in path.split("/") if p]
+    if any(name in (".", "..") for name in todo):
+        raise UnsafePath(f"{path} has a '.' or '..' component: give the path plainly")
+    todo.reverse()
+    here, st = "/", os.lstat("/")
+    via: list[str] = []  # the links followed, for the message
+    while True:
+        if problem := _chain_refusal(path, here, st, via):
+            raise UnsafePath(problem)
+        if not todo:
+            return
+        if not stat.S_ISDIR(st.st_mode):
+            raise UnsafePath(f"{path}: {here} is not a directory")
+        name = todo.pop()
+        if name in ("", "."):
+            continue
+        nxt = os.path.dirname(here) if name == ".." else os.path.join(here, name)
+        try:
+            st = os.lstat(nxt)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISLNK(st.st_mode):
+            here = nxt
+            continue
+        if len(via) >= LINK_HOPS:
+            raise UnsafePath(f"{path}: more than {LINK_HOPS} links on the way, at {nxt}")
+        target = os.readlink(nxt)
+        via.append(f"{nxt} -> {target}")
+        if target.startswith("/"):
+            here = "/"
+        st = os.lstat(here)  # the link's directory (or /): where its target is looked up
+        todo.extend(reversed(target.split("/")))

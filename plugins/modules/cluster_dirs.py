@@ -3,7 +3,8 @@
 
 The job area, checkpoints and the shared wheelhouse lie where the training user may own the
 leaves; root makes them, and sets their owner and mode, only through directories that root
-alone can change.
+alone can change. Before any is made, the paths root will run programs from or write through
+(root_paths: the venvs, the wheelhouses) are checked to be root's all the way up to /.
 """
 
 from __future__ import annotations
@@ -29,7 +30,12 @@ description:
     belongs to anyone but root, or that others may write to without the sticky bit, is
     refused with one line naming it, as is a directory that is a link or belongs to another
     user than the one asked for; nothing is made or changed below it.
-  - Check mode says what would change and changes nothing.
+  - Before anything is made, each of I(root_paths) is checked from / down (links followed,
+    their targets checked the same way). Every existing component must belong to root and
+    be writable by no one else (a sticky directory such as /tmp excepted). The first that
+    is not fails the task in one line naming the path, the component, its owner and the
+    fix, and nothing is made. A missing tail is not checked (root makes it later).
+  - Check mode says what would change and changes nothing; it checks I(root_paths) the same.
 options:
   dirs:
     description:
@@ -42,6 +48,13 @@ options:
     description: The mode of the parents made (root's).
     type: str
     default: '0755'
+  root_paths:
+    description:
+      - Paths root runs programs from or writes through (a venv, its bin/python, a
+        wheelhouse), each checked to be root's up to /. Empty strings are left out.
+    type: list
+    elements: str
+    default: []
 author: dscluster
 """
 
@@ -51,6 +64,12 @@ EXAMPLES = r"""
     dirs:
       - {path: /shared/dscluster/jobs, owner: ds, mode: '0755'}
       - {path: /shared/dscluster/checkpoints, owner: ds, mode: '0755'}
+
+- name: Check that root owns the venv up to / (ml_stack_venv), then make the training user's cache
+  cluster_dirs:
+    root_paths: [/opt/dscluster/venv, /opt/dscluster/venv/bin, /opt/dscluster/venv/bin/python]
+    dirs:
+      - {path: /opt/dscluster/pycache, owner: ds, mode: '0755'}
 """
 
 RETURN = r"""
@@ -90,6 +109,7 @@ def main() -> None:
         argument_spec={
             "dirs": {"type": "list", "elements": "dict", "required": True},
             "parents_mode": {"type": "str", "default": "0755"},
+            "root_paths": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
@@ -97,6 +117,9 @@ def main() -> None:
     changed = False
     try:
         parents_mode = safe_fs.mode_of(module.params["parents_mode"], 0o755)
+        for path in module.params["root_paths"]:
+            if path:
+                safe_fs.root_chain(path)
         for spec in module.params["dirs"]:
             these, differed = ensure(spec, parents_mode, module.check_mode)
             made += these

@@ -228,3 +228,53 @@ def test_logins_need_the_user_named(command):
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 2 and "--user" in done.stderr
+
+
+def test_nothing_runs_from_a_venv_or_script_that_is_not_roots_up_to_root(tmp_path, monkeypatch):
+    """--venv of the training user's (uid 1000), and the interface checker and the
+    accelerators fact script of that user's: the probe (root) runs none of them, nor ldd on the
+    venv's op, and each finding names the path and its owner. The same venv made root's runs."""
+    if os.geteuid() != 0:
+        pytest.skip("chowns to another user")
+    probe = rolefiles.load("doctor", "doctor_probe.py")
+    ran = tmp_path / "ran"
+    bindir = tmp_path / "path"
+    bindir.mkdir()
+    for tool in ("ldd", "ldconfig"):
+        (bindir / tool).write_text(f"#!/bin/sh\necho {tool} >> {ran}\n")
+        (bindir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    venv = tmp_path / "home" / "venv"
+    ops = venv / "lib" / "python3.11" / "site-packages" / "deepspeed" / "ops" / "aio"
+    ops.mkdir(parents=True)
+    (ops / "async_io_op.so").write_text("")
+    (venv / "bin").mkdir()
+    (venv / "bin" / "python").write_text(f"#!/bin/sh\necho python >> {ran}\necho '{{}}'\n")
+    (venv / "bin" / "python").chmod(0o755)
+    script = tmp_path / "home" / "nccl_profile.py"
+    script.write_text(f"open({str(ran)!r}, 'a').write('profile\\n')\n")
+    fact = tmp_path / "home" / "accelerators.fact"
+    fact.write_text(f"#!/bin/sh\necho fact >> {ran}\n")
+    fact.chmod(0o755)
+    recorder = tmp_path / "record_versions.py"
+    recorder.write_text("")
+    os.chown(tmp_path / "home", 1000, 1000)
+
+    versions = probe.versions(str(venv), str(recorder), str(tmp_path))
+    assert versions["unsafe"] is True
+    assert versions["error"].startswith(f"{venv}: {tmp_path / 'home'} belongs to cloudsdk;")
+    aio = probe.libaio(str(venv))
+    assert "belongs to cloudsdk" in aio["error"] and aio["async_io_op"] == ""
+    ifname = probe.ifnames({"NCCL_SOCKET_IFNAME": "eth0"}, "/nonexistent", str(script), {})
+    assert ifname["NCCL_SOCKET_IFNAME"]["unsafe"] is True
+    assert ifname["NCCL_SOCKET_IFNAME"]["error"].startswith(f"{script}: ")
+    fact_found = probe.accelerators(str(fact))
+    assert fact_found["unsafe"] is True and fact_found["error"].startswith(f"{fact}: ")
+    assert ran.read_text() == "ldconfig\n"  # only the system's ldconfig ran
+
+    # the same tree root's: the venv's python and ldd run (what the refusal above kept out)
+    os.chown(tmp_path / "home", 0, 0)
+    ran.unlink()
+    assert "error" not in probe.versions(str(venv), str(recorder), str(tmp_path))
+    probe.libaio(str(venv))
+    assert ran.read_text().splitlines() == ["python", "ldconfig", "ldd"]

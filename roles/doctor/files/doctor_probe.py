@@ -32,15 +32,18 @@ import argparse
 import concurrent.futures
 import contextlib
 import glob
+import grp
 import json
 import os
 import pathlib
+import pwd
 import random
 import re
 import selectors
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -61,6 +64,90 @@ def run(
     except subprocess.TimeoutExpired:
         return 124, "", f"{' '.join(argv[:3])}...: no answer within {timeout:.0f} s"
     return proc.returncode, proc.stdout, proc.stderr
+
+
+# ---- what root runs: root's up to / ------------------------------------------------------
+
+# The probe's copy of plugins/module_utils/safe_fs.py's root_chain (the probe runs alone, with
+# the system python3 and nothing of the collection's; a unit test holds the two to the same
+# verdicts). Root runs the venv's python, the recorder, the interface checker and the
+# accelerators fact script from paths that come from variables: each is checked first, and
+# where it is not root's all the way to / nothing from it runs; the finding names the path.
+LINK_HOPS = 16
+
+
+def _name(table, key: int) -> str:
+    try:
+        return table(key)[0]
+    except KeyError:
+        return str(key)
+
+
+def _refusal(path: str, here: str, st: os.stat_result, via: list[str]) -> str:
+    try:
+        primary = pwd.getpwuid(st.st_uid).pw_gid
+    except KeyError:
+        primary = -1
+    group_others = st.st_mode & 0o020 and st.st_gid not in (0, primary)
+    others = st.st_mode & 0o002 or group_others
+    if st.st_uid != 0:
+        problem = f"{here} belongs to {_name(pwd.getpwuid, st.st_uid)}"
+    elif others and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
+        problem = (
+            f"{here} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}, group "
+            f"{_name(grp.getgrgid, st.st_gid)})"
+        )
+    else:
+        return ""
+    route = f" (through {', '.join(via)})" if via else ""
+    return (
+        f"{path}{route}: {problem}; root runs nothing from a path another user could change, "
+        f"so nothing from it was run: make {here} root's (chown root:root, chmod go-w) or set "
+        "the variable that names this path to one below root's own directories (/opt/dscluster)"
+    )
+
+
+def root_chain(path: str) -> str:
+    """'' where root alone can change `path` and every directory above it up to /, else the
+    one-line finding (see safe_fs.root_chain: links followed and their targets checked, a
+    sticky directory accepted, a missing tail not checked)."""
+    todo = [p for p in path.split("/") if p]
+    if not path.startswith("/") or any(name in (".", "..") for name in todo):
+        return f"{path} is not an absolute path given plainly (no '.' or '..')"
+    todo.reverse()
+    here, st = "/", os.lstat("/")
+    via: list[str] = []  # the links followed, for the message
+    while True:
+        if problem := _refusal(path, here, st, via):
+            return problem
+        if not todo:
+            return ""
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{path}: {here} is not a directory"
+        name = todo.pop()
+        if name in ("", "."):
+            continue
+        nxt = os.path.dirname(here) if name == ".." else os.path.join(here, name)
+        try:
+            st = os.lstat(nxt)
+        except FileNotFoundError:
+            return ""
+        if not stat.S_ISLNK(st.st_mode):
+            here = nxt
+            continue
+        if len(via) >= LINK_HOPS:
+            return f"{path}: more than {LINK_HOPS} links on the way, at {nxt}"
+        target = os.readlink(nxt)
+        via.append(f"{nxt} -> {target}")
+        if target.startswith("/"):
+            here = "/"
+        st = os.lstat(here)
+        todo.extend(reversed(target.split("/")))
+
+
+def unsafe(*paths: str) -> str:
+    """The first of `paths` root may not run from (its finding), or ''."""
+    return next((problem for path in paths if (problem := root_chain(path))), "")
 
 
 # ---- health: the vendor tools' own outputs, recorded raw -----------------------------------
@@ -268,6 +355,8 @@ def shm() -> dict:
 
 def versions(venv: str, recorder: str, wheelhouse: str) -> dict:
     python = f"{venv}/bin/python"
+    if problem := unsafe(venv, f"{venv}/bin", python, recorder):
+        return {"error": problem, "unsafe": True}
     if not os.path.exists(python):
         return {"error": f"{python} does not exist (no cluster venv)"}
     if not os.path.exists(recorder):
@@ -285,9 +374,12 @@ def versions(venv: str, recorder: str, wheelhouse: str) -> dict:
 
 
 def libaio(venv: str) -> dict:
-    """libaio in the loader cache, and whether the pre-built async_io op still loads its libs."""
+    """libaio in the loader cache, and whether the pre-built async_io op still loads its libs
+    (ldd, which may run what it reads: not on a venv that is not root's up to /)."""
     _, out, _ = run(["ldconfig", "-p"], timeout=20)
     present = any("libaio.so.1" in line for line in out.splitlines())
+    if problem := unsafe(venv):
+        return {"ldconfig": present, "async_io_op": "", "missing_libs": [], "error": problem}
     ops = sorted(glob.glob(f"{venv}/lib/python3*/site-packages/deepspeed/ops/aio/async_io_op*.so"))
     ops += sorted(glob.glob(f"{venv}/lib/python3*/site-packages/deepspeed/ops/async_io_op*.so"))
     missing: list[str] = []
@@ -309,8 +401,12 @@ def ifnames(specs: dict[str, str], nccl_conf: str, profile_script: str, fact: di
             key, _, value = line.partition("=")
             if key.strip() == "NCCL_SOCKET_IFNAME" and value.strip():
                 settings.setdefault("NCCL_SOCKET_IFNAME", value.strip())
-    result = {}
+    result: dict[str, dict] = {}
+    problem = unsafe(profile_script)
     for variable, spec in sorted(settings.items()):
+        if problem:
+            result[variable] = {"spec": spec, "error": problem, "unsafe": True}
+            continue
         if not os.path.exists(profile_script):
             result[variable] = {"spec": spec, "error": f"{profile_script} missing"}
             continue
@@ -330,6 +426,8 @@ def ifnames(specs: dict[str, str], nccl_conf: str, profile_script: str, fact: di
 
 
 def accelerators(fact_script: str) -> dict:
+    if problem := unsafe(fact_script):
+        return {"error": problem, "unsafe": True}
     if not os.path.exists(fact_script):
         return {"error": f"{fact_script} missing (node_facts not provisioned)"}
     rc, out, err = run([fact_script], timeout=60)
@@ -361,7 +459,7 @@ def cmd_node(args: argparse.Namespace) -> dict:
         "versions": versions(args.venv, args.recorder, args.wheelhouse),
         "libaio": libaio(args.venv),
         "ifname": ifnames(json.loads(args.ifnames), args.nccl_conf, args.profile_script, fact),
-        "accelerators": {k: fact.get(k) for k in ("kind", "count", "error") if k in fact},
+        "accelerators": {k: fact.get(k) for k in ("kind", "count", "error", "unsafe") if k in fact},
         "nics": fact.get("nics", []),
         "shared": shared,
         "health": recorded.result(),

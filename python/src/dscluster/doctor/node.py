@@ -27,6 +27,13 @@ VERSION_FIELDS = (
     "user_lock_sha256",
 )
 RDMA_PROFILES = {"efa", "ib", "roce"}
+# A path root would run from that is not root's up to / (the probe's root_chain): the probe
+# ran nothing from it and its finding names the path and its owner.
+UNSAFE_FIX = (
+    "make that path root's up to / (chown root:root, chmod go-w), or set the variable that "
+    "names it (dscluster_venv, doctor_venv, doctor_bin_dir, doctor_accelerators_fact) to a "
+    "path below root's own directories, then run 'dscluster provision'"
+)
 
 
 def _size(n: float) -> str:
@@ -88,8 +95,10 @@ def judge_local(report, live, node, *, t: Thresholds, shared_storage: bool, toke
                 report.cell("ifname", host).add(
                     "fail",
                     res["error"],
-                    "set dscluster_nccl_socket_ifname to an interface every node has (or unset "
-                    "it) and run 'dscluster provision --tags nccl_env'",
+                    UNSAFE_FIX
+                    if res.get("unsafe")
+                    else "set dscluster_nccl_socket_ifname to an interface every node has (or "
+                    "unset it) and run 'dscluster provision --tags nccl_env'",
                 )
             else:
                 report.cell("ifname", host).add(
@@ -120,9 +129,12 @@ def judge_versions(report, live, head, node, recorded) -> None:
         if versions is None:
             continue
         if "error" in versions:
-            report.cell("versions", host).add(
-                "fail", versions["error"], "run 'dscluster provision --tags ml_stack'"
+            fix = (
+                UNSAFE_FIX
+                if versions.get("unsafe")
+                else "run 'dscluster provision --tags ml_stack'"
             )
+            report.cell("versions", host).add("fail", versions["error"], fix)
             continue
         manifests[host] = versions
     for field in VERSION_FIELDS:
@@ -167,7 +179,7 @@ def judge_slots(report, live, node, *, hostfile_slots, expected_slots, cpu_slots
             report.cell("slots", host).add(
                 "fail",
                 f"accelerators not detected: {acc.get('error', 'no data')}",
-                "run 'dscluster provision --tags node_facts'",
+                UNSAFE_FIX if acc.get("unsafe") else "run 'dscluster provision --tags node_facts'",
             )
             continue
         kind, count = str(acc.get("kind", "cpu")), int(acc.get("count", 0) or 0)
