@@ -1,5 +1,11 @@
 """`dscluster image bake`: a provisioned node made into an image of the whole stack.
 
+Before anything is made, a local node's stack is checked against the controller's wheelhouse
+(stack_manifest.py, docker/bake/verify_stack.py, run on the node by its system python): its
+wheelhouse holds exactly the lock's wheels, and every file of the venv's site-packages is one
+a locked wheel's RECORD lists, with its hash; any other file or hash is refused in one line.
+An AMI's bake does not check this (its builder's user data holds 16 KB, no file list).
+
 A local cluster's node becomes a Docker image: the node container is committed, the copy is
 cleaned (docker/bake/clean.sh: SSH host keys, machine id, cluster keys, known_hosts, munge
 key, Slurm configuration, caches and logs, and whatever the training user and its jobs made:
@@ -32,6 +38,7 @@ from typing import Any
 import yaml
 from rich.console import Console
 
+from . import stack_manifest, storage
 from .errors import DsclusterError
 from .inventory import Inventory
 from .sources.names import check_cluster_name
@@ -63,6 +70,13 @@ class Bake:
     # The node-local directories the training user writes (torch extensions, scratch, the job
     # area and checkpoints), as recorded: clean.sh empties those on the copy's own disk.
     node_dirs: tuple[str, ...] = ()
+    # What the stack is checked against before the bake (stack_manifest.py): the inventory
+    # (named in the fix), the node's wheelhouse (required where it is on the node's own disk),
+    # the controller's cache of wheelhouses.
+    inventory: str = ""
+    wheelhouse: str = ""
+    wheelhouse_required: bool = True
+    cache_dir: str = ""
 
     def labels(self) -> dict[str, str]:
         return {
@@ -151,6 +165,9 @@ def check(inv: Inventory, *, node: str | None, name: str | None) -> Bake:
             f"--name {name!r} is not an AMI name (3 to 128 letters, digits, spaces and "
             f"()[]./'@_-); e.g. --name dscluster-{cluster}"
         )
+    names = ("dscluster_shared_storage", "dscluster_shared_dir", *storage.PATH_VARS)
+    where = storage.paths({n: inv.var(host, n) for n in names})
+    cache = inv.var(host, "dscluster_cache_dir")
     return Bake(
         kind=kind,
         cluster=cluster,
@@ -163,6 +180,10 @@ def check(inv: Inventory, *, node: str | None, name: str | None) -> Bake:
         venv=recorded.venv,
         pycache_dir=recorded.pycache_dir,
         node_dirs=node_dirs,
+        inventory=str(inv.source),
+        wheelhouse=where.wheelhouse_dir,
+        wheelhouse_required=where.kind == "none",
+        cache_dir=cache if isinstance(cache, str) and "{{" not in cache else "",
     )
 
 
@@ -207,14 +228,79 @@ def _dockerfile(base: str, config: dict[str, Any], labels: dict[str, str]) -> st
     return "\n".join(lines) + "\n"
 
 
-def warm_modules() -> list[str]:
-    """What a training job imports beyond what the install compiled: ml_stack's list
-    (roles/ml_stack/vars/main.yml, __ml_stack_warm_modules), the one its seed step uses."""
+def _ml_stack_vars() -> dict[str, Any]:
     from . import paths  # noqa: PLC0415
 
     data = yaml.safe_load((paths.collection_root() / "roles/ml_stack/vars/main.yml").read_text())
+    return data if isinstance(data, dict) else {}
+
+
+def warm_modules() -> list[str]:
+    """What a training job imports beyond what the install compiled: ml_stack's list
+    (roles/ml_stack/vars/main.yml, __ml_stack_warm_modules), the one its seed step uses."""
     # a collection without the list (older): the seed still copies the venv's bytecode
-    return [str(m) for m in (data or {}).get("__ml_stack_warm_modules") or []]
+    return [str(m) for m in _ml_stack_vars().get("__ml_stack_warm_modules") or []]
+
+
+def stack_manifest_of(plan: Bake) -> dict[str, Any]:
+    """What the node's stack is checked against: the controller's wheelhouse (and user layer)
+    its venv was installed from, and Debian's wheels (ml_stack's __ml_stack_system_wheels),
+    where the venv's pip comes from."""
+    from . import paths  # noqa: PLC0415
+
+    cache = pathlib.Path(plan.cache_dir) if plan.cache_dir else paths.cache_root()
+    base, user = stack_manifest.controller_layers(cache, plan.host, plan.versions)
+    return stack_manifest.build(
+        host=plan.host,
+        venv=plan.venv or "/opt/dscluster/venv",
+        node_wheelhouse=plan.wheelhouse,
+        wheelhouse_required=plan.wheelhouse_required,
+        base=base,
+        user=user,
+        system_wheels=str(_ml_stack_vars().get("__ml_stack_system_wheels") or ""),
+    )
+
+
+def verify_stack(plan: Bake, container: str, console: Console) -> None:
+    """The node's wheelhouse and venv, checked as root on the node by its system python
+    against the controller's wheelhouse (docker/bake/verify_stack.py); any difference is
+    refused in one line, before anything is made."""
+    from . import paths  # noqa: PLC0415
+
+    started = time.monotonic()
+    manifest = stack_manifest_of(plan)
+    script = (paths.docker_dir() / "bake" / "verify_stack.py").read_bytes()
+    proc = subprocess.run(
+        ["docker", "exec", "-i", "-u", "root", container, "sh", "-c",
+         stack_manifest.NODE_COMMAND],
+        input=stack_manifest.payload(script, manifest),
+        capture_output=True,
+        timeout=1800,
+        check=False,
+    )  # fmt: skip
+    found = stack_manifest.verdict(proc.stdout.decode(errors="replace"))
+    if found is None:
+        last = (proc.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+        raise DsclusterError(
+            f"could not check {plan.host}'s stack (exit {proc.returncode}: {last}); nothing "
+            "was baked; it needs /usr/bin/python3 and tar on the node"
+        )
+    if not found.get("ok"):
+        fix = stack_manifest.fix_for(
+            found, host=plan.host, venv=manifest["venv"], wheelhouse=plan.wheelhouse,
+            source=plan.inventory,
+        )  # fmt: skip
+        raise DsclusterError(stack_manifest.refusal(plan.host, found, fix))
+    system = found.get("system") or []
+    console.print(
+        f"{plan.host}'s stack is the controller's: {found.get('wheels', 0)} wheelhouse files, "
+        f"{found.get('files', 0)} venv files by hash"
+        + (f" (from Debian's wheels, dpkg-checked: {', '.join(system)})" if system else "")
+        + f", {found.get('bytecode', 0)} bytecode files not hashed; "
+        f"{time.monotonic() - started:.1f} s",
+        markup=False,
+        highlight=False,
+    )
 
 
 def clean_args(plan: Bake, modules: list[str] | None = None, *, warm: bool = True) -> list[str]:
@@ -269,6 +355,7 @@ def bake_docker(plan: Bake, console: Console) -> str:
             f"no container {container} of local cluster {plan.cluster}; start it with "
             f"'dscluster local up --name {plan.cluster}' and provision it, then bake"
         )
+    verify_stack(plan, container, console)
     script = (paths.docker_dir() / "bake" / "clean.sh").read_text()
     scratch_tag = f"dscluster/bake-scratch:{plan.cluster}"
     flat_tag = f"dscluster/bake-flat:{plan.cluster}"

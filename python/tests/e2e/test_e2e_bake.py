@@ -154,6 +154,36 @@ def exported(tag: str) -> tuple[dict[str, str], list[str]]:
     return paths, found
 
 
+def refused_when_the_venv_was_changed(cluster: pathlib.Path, facts: dict) -> None:
+    """A byte appended to a file of the source node's venv and a stray .pth beside it: the bake
+    refuses in one line naming the node and the file, before it makes anything; then the node
+    is restored (its file as it was, byte for byte and mtime)."""
+    site = f"{facts['versions']['venv']}/lib/python3.11/site-packages"
+    changed, stray = f"{site}/deepspeed/__init__.py", f"{site}/zz-dsc-bake-stray.pth"
+    node = f"dsc-{SOURCE}"
+    docker_ok("image", "rm", "-f", TAG)  # one an interrupted session left
+    sh(node, f"cp -p {changed} /root/dsc-bake-orig && printf '#' >> {changed} && "
+             f"echo 'import os' > {stray}")  # fmt: skip
+    try:
+        proc = dsc("image", "bake", "-i", str(cluster), "--node", SOURCE, "--name", TAG)
+    finally:
+        sh(node, f"cp -p /root/dsc-bake-orig {changed} && rm -f /root/dsc-bake-orig {stray}")
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("dscluster: error:")]
+    assert len(errors) == 1, proc.stderr[-2000:]
+    assert (
+        f"{SOURCE}'s stack is not what the controller's wheelhouse holds: {changed} "
+        "(changed) (2 differences); nothing was baked" in errors[0]
+    ), errors[0]
+    assert "committing" not in proc.stderr
+    assert docker_ok("image", "inspect", TAG) is False
+    assert docker_ok("image", "inspect", f"dscluster/bake-scratch:{NAME}") is False
+
+
+def docker_ok(*args: str) -> bool:
+    return subprocess.run(["docker", *args], capture_output=True, check=False).returncode == 0
+
+
 @pytest.fixture(scope="module")
 def baked(cluster: pathlib.Path, provisioned):
     """The image, baked from the session cluster's second node; removed after the module."""
@@ -161,6 +191,7 @@ def baked(cluster: pathlib.Path, provisioned):
     dsc("--home", str(home), "local", "down", "--name", BAKED)
     key_before = sh(f"dsc-{SOURCE}", "cat /etc/ssh/ssh_host_ed25519_key.pub")
     facts = json.loads((cluster / "facts" / f"{SOURCE}.json").read_text())
+    refused_when_the_venv_was_changed(cluster, facts)
     secrets_made = plant(f"dsc-{SOURCE}", facts)
     try:
         started = time.monotonic()
