@@ -14,7 +14,12 @@ from .e2e_cluster import NAME, dsc
 from .test_e2e_attacks import on
 from .test_e2e_launch import HOSTS, WHO_AM_I
 
-pytestmark = pytest.mark.docker
+pytestmark = [
+    pytest.mark.docker,
+    # make test runs it on the second cluster (e2e-second), off the shared cluster's lane
+    pytest.mark.second_cluster,
+    pytest.mark.usefixtures("provisioned"),
+]
 
 HEAD, N2 = HOSTS[0], HOSTS[1]
 JOBS = "/shared/dscluster/jobs"
@@ -54,9 +59,9 @@ def test_a_leftover_job_process_cannot_forge_the_next_jobs_verdict(
     provisioned: pathlib.Path, tmp_path: pathlib.Path
 ):
     """While a forger runs as `ds` on the head: a job that fails on one rank still ends in its
-    own status (3) and one line naming the node, a job that passes still passes, each exit
-    status is root's (0600, in root's 0700 record), and nothing of the forger's became a fact
-    on the controller."""
+    own status (3) and one line naming the node, a job that passes still passes, a smoke job cut
+    at its time limit fails though its report says ok, each exit status is root's (0600, in
+    root's 0700 record), and nothing of the forger's became a fact on the controller."""
     script = tmp_path / "who_am_i.py"
     script.write_text(WHO_AM_I)
     forger = f"/tmp/dscluster-e2e-forger-{NAME}.py"
@@ -77,6 +82,14 @@ def test_a_leftover_job_process_cannot_forge_the_next_jobs_verdict(
             "--no-doctor", "--master-port", "29523", "--", str(script), timeout=300,
         )  # fmt: skip
         assert passed.returncode == 0, passed.stdout[-3000:] + passed.stderr[-3000:]
+        # smoke reads the job's report: the forger says ok for a job cut after 1 s (124)
+        cut = dsc(
+            "smoke", "-i", str(provisioned), "--no-doctor", "--timeout", "1", "--steps", "1",
+            "--no-device-bench", "--master-port", "29523", timeout=300,
+        )  # fmt: skip
+        assert cut.returncode != 0, cut.stdout[-3000:] + cut.stderr[-3000:]
+        line = cut.stderr.strip().splitlines()[-1]
+        assert "smoke job exited 124 (root's record on the head) though its own" in line, line
         # the forger was at work in both job directories the whole time
         for proc, status in ((failed, "3"), (passed, "0")):
             run = run_id(proc)

@@ -27,7 +27,12 @@ from dscluster.paths import cache_root
 from .e2e_cluster import dsc
 from .test_e2e_attacks import HEAD, N2, N3, as_ds, on
 
-pytestmark = pytest.mark.docker
+pytestmark = [
+    pytest.mark.docker,
+    # make test runs it on the second cluster (e2e-second), off the shared cluster's lane
+    pytest.mark.second_cluster,
+    pytest.mark.usefixtures("provisioned"),
+]
 
 PWN = "/home/ds/pwn"
 
