@@ -242,6 +242,18 @@ molecule-serial: images
 	@$(MAKE) --no-print-directory e2e-second
 	@$(lane_end)
 
+# The base-layer hash locks shipped in roles/ml_stack/files/locks that PyPI alone can make
+# (variant:python), written by `dscluster lock` from the role's pins; review the diff. The
+# cpu cp311 and pypi cp313 locks predate the command (their content is part of today's
+# wheelhouse keys): `dscluster lock --variant cpu --python 3.11` remakes the first where
+# download.pytorch.org is reachable.
+LOCKS ?= pypi:3.10 pypi:3.11 pypi:3.12
+.PHONY: locks
+locks: venv ## Rewrite the shipped hash locks of torch + DeepSpeed (LOCKS="pypi:3.10 ...") from PyPI
+	@for lk in $(LOCKS); do \
+	  $(DSC) lock --variant $${lk%%:*} --python $${lk##*:} -o roles/ml_stack/files/locks || exit 1; \
+	done
+
 .PHONY: bench
 bench: images ## Timings: demo cold vs warm, re-converge, job start with/without pre-built ops
 	bash scripts/bench.sh

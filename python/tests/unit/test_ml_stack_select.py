@@ -144,6 +144,12 @@ def test_pypi_torch_has_no_local_label_and_its_python_3_13_lock_ships():
     assert rc == 0, out
     assert sel["lock"] == "cpu-torch2.13.0-ds0.19.8-cp313-x86_64.txt"
     assert not rolefiles.path("ml_stack", f"files/locks/{sel['lock']}").exists()
+    # PyPI's build ships for every Python the supported systems run (Ubuntu 22.04's 3.10 ...)
+    for minor in (10, 11, 12):
+        py = {"ansible_python": {"version": {"major": 3, "minor": minor, "micro": 1}}}
+        rc, sel, out = select(cpu | py | {"ml_stack_torch_variant": "pypi"})
+        assert rc == 0, out
+        assert rolefiles.path("ml_stack", f"files/locks/{sel['lock']}").is_file(), sel["lock"]
     gpu = facts(accelerators={"kind": "cuda", "count": 4}, nvidia={"cuda": "13.0"})
     rc, sel, out = select(gpu | {"ml_stack_torch_variant": "pypi"})
     assert rc == 0, out

@@ -83,6 +83,7 @@ WANTED = {
         "__ml_stack_variant",
         "__ml_stack_lock_name",
         "__ml_stack_base_locked",
+        "__ml_stack_base_lock_refusal",
     ],
 }
 CUDA = "https://developer.download.nvidia.com/compute/cuda/repos"
@@ -378,7 +379,7 @@ HABANA_OS = {
     "ubuntu2204": "ubuntu22.04",
     "ubuntu2404": "ubuntu24.04",
 }
-# The shipped base-layer locks (roles/ml_stack/files/locks): cpu for cp311, pypi for cp313.
+# The shipped base-layer locks (roles/ml_stack/files/locks): cpu for cp311, pypi for cp310-cp313.
 LOCKED = {"debian12": True, "debian13": True, "ubuntu2204": False, "ubuntu2404": False}
 
 
@@ -396,6 +397,9 @@ def test_ml_stack_os_names_and_lock(rendered, name):
     assert values["__ml_stack_base_locked"] is LOCKED[name]
     shipped = role_render.rolefiles.ROLES / "ml_stack" / "files" / "locks" / lock
     assert shipped.is_file() is LOCKED[name]
+    # where none ships, the preflight's refusal names the command that makes it for this node
+    command = f"`dscluster lock --variant {variant} --python {major}.{minor} --arch x86_64`"
+    assert command in values["__ml_stack_base_lock_refusal"]
 
 
 def test_ml_stack_habana_names_are_the_compat_tables():
