@@ -120,9 +120,10 @@ date +%s.%N
 
 
 # A stand-in for runuser: notes its arguments up to "--" and runs the rest (as this user).
+# One printf, so one append: the probe's logins run side by side, and two appends per line
+# interleaved ("-u ds -- -u ds -- " then "": a flaky count).
 STAND_IN_RUNUSER = """#!/bin/sh
-printf '%s ' "$1" "$2" "$3" >> "$STATE/runuser"
-echo >> "$STATE/runuser"
+printf '%s %s %s \\n' "$1" "$2" "$3" >> "$STATE/runuser"
 [ "$1" = -u ] && [ "$3" = -- ] || exit 125
 shift 3
 exec "$@"
