@@ -83,6 +83,13 @@ def _primary_gid(uid: int) -> int:
         return -1
 
 
+def others_write(st: os.stat_result) -> bool:
+    """Someone but the owner may write it. Group write is the owner's alone where the group is
+    root's or the owner's own (a user private group, as useradd makes)."""
+    group_others = st.st_mode & 0o020 and st.st_gid not in (0, _primary_gid(st.st_uid))
+    return bool(st.st_mode & 0o002 or group_others)
+
+
 def check_dir(fd: int, path: str, trusted: frozenset[int]) -> None:
     """Refuse a directory owned outside `trusted`, or one that others may rename entries in."""
     st = os.fstat(fd)
@@ -92,11 +99,7 @@ def check_dir(fd: int, path: str, trusted: frozenset[int]) -> None:
             f"belongs to {' or '.join(sorted(account(u) for u in trusted))}: chown it or "
             "choose another path"
         )
-    # Group write is the owner's alone where the group is root's or the owner's own (a user
-    # private group, as useradd makes).
-    group_others = st.st_mode & 0o020 and st.st_gid not in (0, _primary_gid(st.st_uid))
-    others = st.st_mode & 0o002 or group_others
-    if others and not st.st_mode & stat.S_ISVTX:
+    if others_write(st) and not st.st_mode & stat.S_ISVTX:
         raise UnsafePath(
             f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}); root writes "
             "below it only where no one else can rename what is in it: chmod go-w it (or +t)"
@@ -257,13 +260,6 @@ def ensure_dir(
 # ---- root_chain: a path root runs from or writes through -----------------------------------
 
 LINK_HOPS = 16  # links followed on the way; more is refused (the kernel's ELOOP says 40)
-
-
-def others_write(st: os.stat_result) -> bool:
-    """Someone but the owner may write it (check_dir's rule: group write is the owner's alone
-    where the group is root's or the owner's own)."""
-    group_others = st.st_mode & 0o020 and st.st_gid not in (0, _primary_gid(st.st_uid))
-    return bool(st.st_mode & 0o002 or group_others)
 
 
 def _group(gid: int) -> str:

@@ -165,8 +165,7 @@ def check(inv: Inventory, *, node: str | None, name: str | None) -> Bake:
             f"--name {name!r} is not an AMI name (3 to 128 letters, digits, spaces and "
             f"()[]./'@_-); e.g. --name dscluster-{cluster}"
         )
-    names = ("dscluster_shared_storage", "dscluster_shared_dir", *storage.PATH_VARS)
-    where = storage.paths({n: inv.var(host, n) for n in names})
+    where = storage.inventory_paths(inv)  # cluster-wide (validate_inventory)
     cache = inv.var(host, "dscluster_cache_dir")
     return Bake(
         kind=kind,

@@ -193,10 +193,9 @@ def run_smoke(  # noqa: C901, PLR0912, PLR0913, PLR0915 - the smoke command's op
     atomic_write(reports / "smoke-latest.json", out.read_text())
     if report.get("ok") and result.rc != 0:
         # the job's word against root's record: the record decides, and the line says so
-        tail = " ".join(report.get("launcher_log_tail", [])[-3:])[-300:]
         raise DsclusterError(
             f"smoke job exited {result.rc} (root's record on the head) though its own report "
-            f"says ok: {tail or 'no launcher output'}; report: {out}"
+            f"says ok: {_log_tail(report) or 'no launcher output'}; report: {out}"
         )
     if not report.get("ok") or result.rc != 0:
         raise DsclusterError(_failure_line(report, result.playbook.failures, out))
@@ -306,13 +305,18 @@ def _failure_line(
     if lost:
         who = "; ".join(f"{host}: {why}" for host, why in lost.items())
         return f"smoke job failed, lost node(s) {', '.join(lost)} ({who}){fix}; report: {out}"
-    tail = " ".join(report.get("launcher_log_tail", [])[-3:])[-300:]
+    tail = _log_tail(report)
     unread = [name for name in failed if name.startswith("report_") and name != "report_written"]
     if failures and not unread:
         host, task, msg = failures[0]
         return f"smoke job failed: {task} on {host}: {msg[:200]} {tail}{fix}; report: {out}"
     what = f"its report.json is unreadable ({', '.join(unread)})" if unread else ""
     return f"smoke job failed: {what or tail or 'no report written'}{fix}; report: {out}"
+
+
+def _log_tail(report: dict[str, Any]) -> str:
+    """The launcher log's last three lines, as a failure line quotes them."""
+    return " ".join(report.get("launcher_log_tail", [])[-3:])[-300:]
 
 
 def _fix(signatures: Sequence[Mapping[str, Any]]) -> str:
