@@ -49,7 +49,9 @@ if [ -z "$base" ]; then
         *+cu126) base=nvidia/cuda:12.6.3-cudnn-devel-ubuntu24.04 ;;
         *+cu128) base=nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04 ;;
         *+cu130) base=nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04 ;;
-        *) die "no CUDA base image known for $torch_spec; pass BASE_IMAGE" ;;
+        *+*) die "no CUDA base image known for $torch_spec; pass BASE_IMAGE" ;;
+        # PyPI's own torch (no local label, ml_stack's CUDA default): its CUDA 13.0 build.
+        *) base=nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04 ;;
       esac
       need_python cp312 ;;
     gaudi)

@@ -64,7 +64,7 @@ class LockRequest:
 
     @property
     def name(self) -> str:
-        """The file name ml_stack looks for (vars/main.yml: __ml_stack_lock_name)."""
+        """The file name ml_stack looks for (plugins/module_utils/ml_stack_plan.py: lock_name)."""
         return f"{self.variant}-torch{self.torch}-ds{self.deepspeed}-{self.pytag}-{self.arch}.txt"
 
     @property
@@ -73,7 +73,7 @@ class LockRequest:
         return f"torch=={self.torch}" + ("" if self.variant == "pypi" else f"+{self.variant}")
 
     def base_in(self) -> list[str]:
-        """ml_stack's __ml_stack_base_requirements, in its order."""
+        """ml_stack's plan's base_requirements, in its order."""
         return [self.torch_spec, "setuptools", "wheel", *self.requirements]
 
     def index_args(self) -> list[str]:

@@ -185,14 +185,18 @@ def build(shared: pathlib.Path, world: pathlib.Path, phase: str = "all", timeout
         "ml_stack_deepspeed_build_env": {
             "cpu": {"CC": str(shared / "cc"), "STANDIN_DIR": str(world)}
         },
-        "__ml_stack_key": key(world),
-        "__ml_stack_accelerator": "cpu",
-        "__ml_stack_ops": OPS,
-        "__ml_stack_wheelhouse": str(world / "wheelhouse"),
-        "__ml_stack_sdist": "deepspeed-0.0.1.tar.gz",
-        "__ml_stack_ds_wheel_glob": "deepspeed-0.0.1*.whl",
-        "__ml_stack_torch_spec": "torch==2.13.0",
-        "__ml_stack_accel_requirements": [],
+        # the plan's part build.yml reads (ml_stack's preflight registers the whole plan)
+        "__ml_stack_plan": {
+            "key": key(world),
+            "accelerator": "cpu",
+            "ops": OPS,
+            "wheelhouse": str(world / "wheelhouse"),
+            "sdist": "deepspeed-0.0.1.tar.gz",
+            "ds_wheel_glob": "deepspeed-0.0.1*.whl",
+            "torch_spec": "torch==2.13.0",
+            "accel_requirements": [],
+            "accel_build_env": {},
+        },
         "__ml_stack_build_phase": phase,
     }
     # pip reads only the arguments: no pip.conf or PIP_* of this machine

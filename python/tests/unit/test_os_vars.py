@@ -27,8 +27,6 @@ KERNELS = {
 # package pages: Debian's python3 in bookworm 3.11.2, in trixie 3.13.5 (packages.debian.org);
 # Ubuntu's in jammy 3.10.6, in noble 3.12.3 (packages.ubuntu.com). ml_stack's lock is per cpXY.
 PYTHONS = {"debian12": (3, 11), "debian13": (3, 13), "ubuntu2204": (3, 10), "ubuntu2404": (3, 12)}
-# Debian 13's nodes take PyPI's own torch (sources/local.py OS_VARS): its lock ships for cp313.
-VARIANTS = {"debian13": "pypi"}
 # What each role renders, in the order the play renders them (cuda_toolkit before
 # nvidia_driver: it follows nvidia_driver's repository when that role's defaults are loaded).
 WANTED = {
@@ -76,15 +74,8 @@ WANTED = {
     "nfs_server": ["nfs_server_packages", "nfs_server_service"],
     "base": ["base_packages"],
     "slurm": ["slurm_packages", "slurm_controller_packages"],
-    "ml_stack": [
-        "__ml_stack_os_key",
-        "__ml_stack_node_os",
-        "__ml_stack_habana_os",
-        "__ml_stack_variant",
-        "__ml_stack_lock_name",
-        "__ml_stack_base_locked",
-        "__ml_stack_base_lock_refusal",
-    ],
+    # ml_stack's build plan (variant, lock, refusal) is Python's: test_ml_stack_plan.py.
+    "ml_stack": ["__ml_stack_os_key", "__ml_stack_node_os"],
 }
 CUDA = "https://developer.download.nvidia.com/compute/cuda/repos"
 CODENAMES = {
@@ -103,11 +94,7 @@ def _inputs(name: str) -> dict:
         major, minor = PYTHONS[name]
         more["ansible_python"] = {"version": {"major": major, "minor": minor}}
         more.setdefault("ansible_architecture", "x86_64")
-    # role_path: where ml_stack's shipped locks are found, as inside the role.
-    role_path = str(role_render.rolefiles.ROLES / "ml_stack")
-    overrides = {"ml_stack_build_host": name, "role_path": role_path}
-    if name in VARIANTS:
-        overrides["ml_stack_torch_variant"] = VARIANTS[name]
+    overrides = {"ml_stack_build_host": name}
     return {"os_facts_more": more, "os_vars_overrides": overrides}
 
 
@@ -116,18 +103,35 @@ def rendered(tmp_path_factory) -> dict:
     """{os: {role: {name: value}}} for the four supported OSes, and "rocky9": the output of its
     run (an unsupported OS, stopped at its first role)."""
     hosts = {name: (name, _inputs(name)) for name in [*OSES, "rocky9"]}
+    # Debian 12 again, with the NVIDIA roles' defaults of f8b5e1a (BEFORE_DEFAULTS).
+    before = _inputs("debian12")
+    before["os_vars_overrides"] = before["os_vars_overrides"] | BEFORE_DEFAULTS
+    hosts["debian12_before"] = ("debian12", before)
     result, out = role_render.render(tmp_path_factory.mktemp("os_vars"), hosts, WANTED)
-    for name in OSES:
+    for name in [*OSES, "debian12_before"]:
         assert set(result.get(name, {})) == set(WANTED), out[-3000:]
     return result | {"rocky9": out}
 
 
+# The defaults of f8b5e1a that fixtures/os_facts/debian12_rendered_before.json holds: driver branch
+# 570 at 570.172.08-1, CUDA 12.8 at 12.8.1-1, NCCL 2.26.2-1+cuda12.8. Since issue 75 the defaults
+# are branch 580 and CUDA 13.0; given as overrides, the names must come out as they did then.
+BEFORE_DEFAULTS = {
+    "nvidia_driver_branch": "570",
+    "nvidia_driver_version": "570.172.08-1",
+    "cuda_toolkit_version": "12.8",
+    "cuda_toolkit_package_version": "12.8.1-1",
+    "cuda_toolkit_nccl_version": "2.26.2-1",
+}
+
+
 def test_debian12_renders_what_it_rendered_before_the_os_files(rendered):
-    """Recorded with the roles of f8b5e1a (before the OS tables) for the same Debian 12 facts."""
+    """Recorded with the roles of f8b5e1a (before the OS tables) for the same Debian 12 facts,
+    rendered here with that commit's driver and CUDA defaults (BEFORE_DEFAULTS)."""
     before = json.loads((FIXTURES / "debian12_rendered_before.json").read_text())
     for role, values in before.items():
         if role in WANTED:
-            assert {k: rendered["debian12"][role][k] for k in values} == values, role
+            assert {k: rendered["debian12_before"][role][k] for k in values} == values, role
 
 
 def test_an_unsupported_os_fails_in_one_line_naming_the_supported_ones(rendered):
@@ -192,7 +196,7 @@ def test_cuda_repository_and_file_names_follow_nvidias_directories(rendered, nam
 # `apt install nvidia-driver-570=570.124.06-0ubuntu1` from NVIDIA's local repo), hence no
 # Debian "-1" revision default there.
 DEBIAN_NVIDIA = [
-    "cuda-drivers-570",
+    "cuda-drivers-580",
     "nvidia-driver",
     "nvidia-kernel-dkms",
     "nvidia-smi",
@@ -200,19 +204,19 @@ DEBIAN_NVIDIA = [
     "nvidia-persistenced",
 ]
 UBUNTU_NVIDIA = [
-    "cuda-drivers-570",
-    "nvidia-driver-570",
-    "nvidia-dkms-570",
-    "nvidia-utils-570",
-    "libnvidia-compute-570",
-    "nvidia-compute-utils-570",
+    "cuda-drivers-580",
+    "nvidia-driver-580",
+    "nvidia-dkms-580",
+    "nvidia-utils-580",
+    "libnvidia-compute-580",
+    "nvidia-compute-utils-580",
 ]
 
 
 @pytest.mark.parametrize(
     ("name", "packages", "version"),
     [
-        ("debian12", DEBIAN_NVIDIA, "570.172.08-1"),
+        ("debian12", DEBIAN_NVIDIA, "580.126.20-1"),
         ("debian13", DEBIAN_NVIDIA, ""),
         ("ubuntu2204", UBUNTU_NVIDIA, ""),
         ("ubuntu2404", UBUNTU_NVIDIA, ""),
@@ -227,10 +231,23 @@ def test_driver_packages_from_nvidias_repository(rendered, name, packages, versi
     kernel = KERNELS.get(name, "6.18.44-fc-v1252")
     assert values["__nvidia_driver_kernel_headers"] == f"linux-headers-{kernel}"
     assert values["nvidia_driver_version"] == version
-    assert values["__nvidia_driver_pin"] == (version or "570.*")
+    assert values["__nvidia_driver_pin"] == (version or "580.*")
     assert values["__nvidia_driver_install_names"] == (
         [f"{p}={version}" for p in packages] if version else packages
     )
+
+
+# The default CUDA (issue 75): 13.0, the CUDA of PyPI's own torch build, at 13.0.2-1 (nvcc
+# V13.0.88), with NCCL's build for it, libnccl2=2.28.9-1+cuda13.0 (both as public installs pin
+# them from NVIDIA's repositories); the same on every OS.
+@pytest.mark.parametrize("name", OSES)
+def test_cuda_toolkit_pins_cuda_13_0_and_its_nccl_build(rendered, name):
+    nccl = "2.28.9-1+cuda13.0"
+    assert rendered[name]["cuda_toolkit"]["__cuda_toolkit_pins"] == {
+        "cuda-toolkit-13-0": "13.0.2-1",
+        "libnccl2": nccl,
+        "libnccl-dev": nccl,
+    }
 
 
 # The OS's own driver packages (nvidia_driver_source: distribution).
@@ -379,27 +396,14 @@ HABANA_OS = {
     "ubuntu2204": "ubuntu22.04",
     "ubuntu2404": "ubuntu24.04",
 }
-# The shipped base-layer locks (roles/ml_stack/files/locks): cpu for cp311, pypi for cp310-cp313.
-LOCKED = {"debian12": True, "debian13": True, "ubuntu2204": False, "ubuntu2404": False}
 
 
 @pytest.mark.parametrize("name", OSES)
-def test_ml_stack_os_names_and_lock(rendered, name):
+def test_ml_stack_os_names(rendered, name):
     values = rendered[name]["ml_stack"]
-    major, minor = PYTHONS[name]
-    variant = VARIANTS.get(name, "cpu")
     key = {"debian12": "Debian-12", "debian13": "Debian-13", "ubuntu2204": "Ubuntu-22"}
     assert values["__ml_stack_os_key"] == key.get(name, "Ubuntu-24")
-    assert values["__ml_stack_node_os"] == values["__ml_stack_habana_os"] == HABANA_OS[name]
-    assert values["__ml_stack_variant"] == variant
-    lock = f"{variant}-torch2.13.0-ds0.19.8-cp{major}{minor}-x86_64.txt"
-    assert values["__ml_stack_lock_name"] == lock
-    assert values["__ml_stack_base_locked"] is LOCKED[name]
-    shipped = role_render.rolefiles.ROLES / "ml_stack" / "files" / "locks" / lock
-    assert shipped.is_file() is LOCKED[name]
-    # where none ships, the preflight's refusal names the command that makes it for this node
-    command = f"`dscluster lock --variant {variant} --python {major}.{minor} --arch x86_64`"
-    assert command in values["__ml_stack_base_lock_refusal"]
+    assert values["__ml_stack_node_os"] == HABANA_OS[name]
 
 
 def test_ml_stack_habana_names_are_the_compat_tables():
