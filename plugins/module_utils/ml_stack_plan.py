@@ -234,7 +234,10 @@ def plan(
     os_table = options.get("__ml_stack_os_table") or {}
     os_key = f"{facts.get('distribution', '')}-{facts.get('distribution_major_version', '')}"
     habana_os = (os_table.get(os_key) or os_table.get("Debian-12") or {}).get("habana_os", "")
-    accel_build_env = (
+    # DeepSpeed's ops are built for the planned accelerator, not the one DeepSpeed detects on
+    # the build host: without a visible GPU it detects the CPU and builds CPU ops for a CUDA
+    # wheelhouse (seen: a CUDA build without a GPU, accelerator_name 'cpu' in the wheel).
+    accel_build_env = {"DS_ACCELERATOR": accelerator} | (
         {
             "TORCH_CUDA_ARCH_LIST": opt("ml_stack_cuda_arch_list"),
             "CUDA_HOME": f"/usr/local/cuda-{cuda_version}",

@@ -62,6 +62,8 @@ def test_the_plan_is_what_the_jinja_rendered(name):
     want = expected(name)
     # the wheelhouse key first: a changed key would rebuild every cached wheelhouse
     assert got["key"] == want["key"]
+    # one change on purpose: the build names DeepSpeed's accelerator (not part of the key)
+    want["accel_build_env"] = {"DS_ACCELERATOR": want["accelerator"]} | want["accel_build_env"]
     assert {k: got[k] for k in want} == want
 
 
@@ -163,6 +165,7 @@ def test_a_cuda_node_of_every_os_gets_a_build_whose_lock_ships(os_name):
     assert built["key"].startswith(f"pypi-torch2.13.0-ds0.19.8-cp{major}{minor}-x86_64-")
     # DeepSpeed's CUDA ops: built against the toolkit of torch's CUDA, for the arch list
     assert built["accel_build_env"] == {
+        "DS_ACCELERATOR": "cuda",
         "TORCH_CUDA_ARCH_LIST": "8.0;9.0",
         "CUDA_HOME": "/usr/local/cuda-13.0",
     }

@@ -35,7 +35,7 @@ def test_cpu_build_host_gets_cpu_torch_and_cpu_ops():
     assert rc == 0, out
     assert sel["variant"] == "cpu" and sel["torch"] == "torch==2.13.0+cpu"
     assert sel["ops"] == ["async_io", "cpu_adam", "deepspeed_shm_comm", "fused_adam"]
-    assert sel["source_args"] == [] and sel["build_env"] == {}
+    assert sel["source_args"] == [] and sel["build_env"] == {"DS_ACCELERATOR": "cpu"}
     # torch==2.13.0+cpu is on PyTorch's index, not on PyPI
     assert sel["torch_index"] == "https://download.pytorch.org/whl/cpu"
     assert sel["key"].startswith("cpu-torch2.13.0-ds0.19.8-cp")
@@ -121,6 +121,7 @@ def test_gpu_build_host_gets_the_torch_of_its_cuda(cuda, variant):
     assert sel["source_args"] == []
     assert "async_io" in sel["ops"] and "fused_adam" in sel["ops"]
     assert sel["build_env"]["CUDA_HOME"] == f"/usr/local/cuda-{cuda[:4].rstrip('.')}"
+    assert sel["build_env"]["DS_ACCELERATOR"] == "cuda"
     assert sel["key"].startswith(f"{variant}-torch2.13.0-")
 
 
