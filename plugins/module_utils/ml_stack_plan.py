@@ -172,6 +172,21 @@ def _user_hash(key: str, options: Mapping[str, Any], requirements: str) -> str:
     return _sha1("\\n".join(str(item) for item in inputs))[:8]
 
 
+def _accel_build_env(accelerator: str, cuda_version: str, options: Mapping[str, Any]) -> dict:
+    """The build's environment for its accelerator. DeepSpeed's ops are built for the planned
+    accelerator, not the one DeepSpeed detects on the build host: without a visible GPU it
+    detects the CPU and builds CPU ops for a CUDA wheelhouse (seen: a CUDA build without a GPU,
+    accelerator_name 'cpu' in the wheel). Gaudi's fork is left to detect its own (its override
+    imports Habana's runtime). CUDA ops: the architectures and cuda_toolkit's toolkit."""
+    named = {"DS_ACCELERATOR": accelerator} if accelerator in ("cpu", "cuda") else {}
+    if accelerator != "cuda":
+        return named
+    return named | {
+        "TORCH_CUDA_ARCH_LIST": options.get("ml_stack_cuda_arch_list"),
+        "CUDA_HOME": f"/usr/local/cuda-{cuda_version}",
+    }
+
+
 def plan(
     facts: Mapping[str, Any],
     options: Mapping[str, Any],
@@ -234,17 +249,7 @@ def plan(
     os_table = options.get("__ml_stack_os_table") or {}
     os_key = f"{facts.get('distribution', '')}-{facts.get('distribution_major_version', '')}"
     habana_os = (os_table.get(os_key) or os_table.get("Debian-12") or {}).get("habana_os", "")
-    # DeepSpeed's ops are built for the planned accelerator, not the one DeepSpeed detects on
-    # the build host: without a visible GPU it detects the CPU and builds CPU ops for a CUDA
-    # wheelhouse (seen: a CUDA build without a GPU, accelerator_name 'cpu' in the wheel).
-    accel_build_env = {"DS_ACCELERATOR": accelerator} | (
-        {
-            "TORCH_CUDA_ARCH_LIST": opt("ml_stack_cuda_arch_list"),
-            "CUDA_HOME": f"/usr/local/cuda-{cuda_version}",
-        }
-        if accelerator == "cuda"
-        else {}
-    )
+    accel_build_env = _accel_build_env(accelerator, cuda_version, options)
 
     # The base layer's key: only what changes DeepSpeed's build or which torch it is, and a
     # lock of the user's own. (Joined and hashed as the Jinja did: keys built before stay.)

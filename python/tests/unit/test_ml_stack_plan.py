@@ -63,7 +63,8 @@ def test_the_plan_is_what_the_jinja_rendered(name):
     # the wheelhouse key first: a changed key would rebuild every cached wheelhouse
     assert got["key"] == want["key"]
     # one change on purpose: the build names DeepSpeed's accelerator (not part of the key)
-    want["accel_build_env"] = {"DS_ACCELERATOR": want["accelerator"]} | want["accel_build_env"]
+    if want["accelerator"] in ("cpu", "cuda"):
+        want["accel_build_env"] = {"DS_ACCELERATOR": want["accelerator"]} | want["accel_build_env"]
     assert {k: got[k] for k in want} == want
 
 
