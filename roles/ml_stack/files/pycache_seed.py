@@ -2,7 +2,7 @@
 compile into it what a training job imports beyond that.
 
 Run as the training user, `python3 /opt/dscluster/bin/pycache_seed.py VENV PREFIX [MODULE...]`
-(installed there, root-owned, by install.yml), by roles/ml_stack/tasks/main.yml when the venv
+(installed there, root-owned, by install.yml), by roles/ml_stack/tasks/node.yml when the venv
 or the prefix is new. With a prefix set, Python
 reads bytecode only there: what root's readings compiled into the venv (torch, DeepSpeed's top
 level) would be compiled again by the first job on the node. Each `__pycache__/X.pyc` under
