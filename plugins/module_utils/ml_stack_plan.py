@@ -187,6 +187,53 @@ def _accel_build_env(accelerator: str, cuda_version: str, options: Mapping[str, 
     }
 
 
+def _cpu_model(facts: Mapping[str, Any]) -> str:
+    """The build host's CPU model (its ops are compiled with -march=native): the processor
+    fact's third item, as the Jinja's `processor[2] | default('unknown-cpu')` read it."""
+    processor = facts.get("processor")
+    if isinstance(processor, Sequence) and not isinstance(processor, str) and len(processor) > 2:
+        return str(processor[2])
+    return "unknown-cpu"
+
+
+def _prefixed(flag: str, values: Sequence[Any] | None) -> list[str]:
+    return [f"{flag}{value}" for value in values or []]
+
+
+def _argvs(
+    built: Mapping[str, Any], options: Mapping[str, Any], role_path: str, python: str
+) -> dict:
+    """The controller's commands on the layers (files/hash_wheels.py, files/user_layer.py), as
+    the tasks run them: the locked download, the check of the wheelhouse against its locks
+    (the task adds --lock-json where it checks lock.json too), the user layer's resolution."""
+    files = f"{role_path}/files"
+    wheelhouse, hpu = built["wheelhouse"], built["variant"] == "hpu"
+    download = [python, f"{files}/hash_wheels.py", "download", "--lock", built["base_lock"]]
+    download += ["--dest", wheelhouse, "--exclude", "deepspeed"]
+    download += [f"--index-for=torch={built['torch_index']}"] if built["torch_index"] else []
+    download += [*_prefixed("--require=", built["base_requirements"]), "--"]
+    verify = [python, f"{files}/hash_wheels.py", "verify", wheelhouse]
+    verify += ["--built", built["ds_wheel_glob"]]
+    if built["base_locked"] or hpu:
+        verify += ["--sdist", f"{wheelhouse}/src/{built['sdist']}"]
+    verify += ["--lock", built["base_lock"]] if built["base_locked"] else []
+    verify += ["--sdist-sha256", built["habana"].get("deepspeed_sha256", "")] if hpu else []
+    user = [python, f"{files}/user_layer.py", "--base", wheelhouse]
+    user += ["--out", built["user_wheelhouse"], "--key", built["user_key"]]
+    user += ["--python-version", built["pyver"], "--python-platform", built["uv_platform"]]
+    user += _prefixed("--platform=", options.get("ml_stack_platform_tags"))
+    user += _prefixed("--requirement=", options.get("ml_stack_extra_requirements"))
+    if built["requirements_file"]:
+        user += ["--requirements-file", built["requirements_file"]]
+    user += _prefixed("--uv-arg=", options.get("ml_stack_uv_compile_args"))
+    user += _prefixed("--pip-arg=", options.get("ml_stack_pip_download_args"))
+    return {
+        "locked_download_argv": download + list(built["pip_download_argv"]),
+        "verify_argv": verify,
+        "user_layer_argv": user,
+    }
+
+
 def plan(
     facts: Mapping[str, Any],
     options: Mapping[str, Any],
@@ -254,12 +301,7 @@ def plan(
     # The base layer's key: only what changes DeepSpeed's build or which torch it is, and a
     # lock of the user's own. (Joined and hashed as the Jinja did: keys built before stay.)
     build_env = (opt("ml_stack_deepspeed_build_env") or {}).get(accelerator) or {}
-    processor = facts.get("processor")
-    cpu_model = (
-        processor[2]
-        if isinstance(processor, Sequence) and not isinstance(processor, str) and len(processor) > 2
-        else "unknown-cpu"
-    )
+    cpu_model = _cpu_model(facts)
     lock_file, lock_text = _controller_file(
         "ml_stack_base_lock_file", opt("ml_stack_base_lock_file"), read_text
     )
@@ -296,7 +338,7 @@ def plan(
     user_hash = _user_hash(key, options, requirements)
     cuda = torch_cuda(variant, options) if accelerator == "cuda" else ""
 
-    return {
+    built = {
         "pytag": pytag,
         "pyver": pyver,
         "architecture": arch,
@@ -368,6 +410,7 @@ def plan(
             f"{arch}-{re.sub('_' + re.escape(arch) + '$', '', manylinux[0])}" if manylinux else ""
         ),
     }
+    return built | _argvs(built, options, role_path, python)
 
 
 def _older_variant(options: Mapping[str, Any], fits: Callable[[dict], bool]) -> str:

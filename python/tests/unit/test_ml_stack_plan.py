@@ -250,3 +250,44 @@ def test_a_cuda_release_without_a_variant_is_refused_listing_those_with_one():
     assert plan_mod.node_refusal(gaudi_as_cpu, {"host": "g"}, as_cpu).startswith(
         "No torch wheel variant for hpu (ml_stack_torch_variant=cpu)"
     )
+
+
+def test_the_controllers_commands_on_the_layers_are_the_tasks_argvs():
+    """What wheelhouse.yml, verify_wheelhouse.yml and user_layer.yml run, as their Jinja built
+    it: the user layer of the recorded case, a Gaudi build's check, a locked download."""
+    facts, options = case_inputs("d12_cpu_userlayer")
+    built = plan_mod.plan(facts, options, role_path=str(ROLE), python="/py")
+    key = expected("d12_cpu_userlayer")["key"]
+    user = expected("d12_cpu_userlayer")["user_hash"]
+    platforms = [f"--platform={tag}" for tag in options["ml_stack_platform_tags"]]
+    assert built["user_layer_argv"] == [
+        "/py", f"{ROLE}/files/user_layer.py", "--base", f"/cache/wheelhouse/{key}",
+        "--out", f"/cache/wheelhouse-user/{key}/{user}", "--key", f"user-{user}",
+        "--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_28",
+        *platforms, "--requirement=transformers==4.57.1", "--requirement=datasets",
+        "--requirements-file", str(HERE / "requirements.txt"),
+        "--uv-arg=--index-url", "--uv-arg=https://mirror.example/simple",
+        "--pip-arg=--index-url", "--pip-arg=https://mirror.example/simple",
+    ]  # fmt: skip
+    wheelhouse = f"/cache/wheelhouse/{key}"
+    lock = str(ROLE / "files" / "locks" / "cpu-torch2.13.0-ds0.19.8-cp311-x86_64.txt")
+    assert built["verify_argv"] == [
+        "/py", f"{ROLE}/files/hash_wheels.py", "verify", wheelhouse,
+        "--built", "deepspeed-0.19.8*.whl",
+        "--sdist", f"{wheelhouse}/src/deepspeed-0.19.8.tar.gz", "--lock", lock,
+    ]  # fmt: skip
+    assert built["locked_download_argv"] == [
+        "/py", f"{ROLE}/files/hash_wheels.py", "download", "--lock", built["base_lock"],
+        "--dest", wheelhouse, "--exclude", "deepspeed",
+        "--index-for=torch=https://download.pytorch.org/whl/cpu",
+        *(f"--require={r}" for r in built["base_requirements"]), "--",
+        *built["pip_download_argv"],
+    ]  # fmt: skip
+    facts, options = case_inputs("u2204_hpu_pinned")
+    gaudi = plan_mod.plan(facts, options, role_path=str(ROLE), python="/py")
+    wheelhouse = gaudi["wheelhouse"]
+    assert gaudi["verify_argv"] == [
+        "/py", f"{ROLE}/files/hash_wheels.py", "verify", wheelhouse,
+        "--built", "deepspeed-0.14.4*.whl",
+        "--sdist", f"{wheelhouse}/src/deepspeed-habana-1.21.1.tar.gz", "--sdist-sha256", "a" * 64,
+    ]  # fmt: skip
