@@ -73,6 +73,7 @@ class ActionModule(ActionBase):
             "nvidia": own.get("nvidia") or {},
         }
         built["refusal"] = ml_stack_plan.node_refusal(built, node, options)
+        built.update(ml_stack_plan.node_of((task_vars or {}).get("ansible_facts", {}), options))
         result.update(built)
         result["changed"] = False
         return result

@@ -208,7 +208,13 @@ def _argvs(
     (the task adds --lock-json where it checks lock.json too), the user layer's resolution."""
     files = f"{role_path}/files"
     wheelhouse, hpu = built["wheelhouse"], built["variant"] == "hpu"
-    download = [python, f"{files}/hash_wheels.py", "download", "--lock", built["base_lock"]]
+    download = [
+        python,
+        f"{files}/hash_wheels.py",
+        "download",
+        "--lock",
+        built["base_lock"],
+    ]
     download += ["--dest", wheelhouse, "--exclude", "deepspeed"]
     download += [f"--index-for=torch={built['torch_index']}"] if built["torch_index"] else []
     download += [*_prefixed("--require=", built["base_requirements"]), "--"]
@@ -220,7 +226,12 @@ def _argvs(
     verify += ["--sdist-sha256", built["habana"].get("deepspeed_sha256", "")] if hpu else []
     user = [python, f"{files}/user_layer.py", "--base", wheelhouse]
     user += ["--out", built["user_wheelhouse"], "--key", built["user_key"]]
-    user += ["--python-version", built["pyver"], "--python-platform", built["uv_platform"]]
+    user += [
+        "--python-version",
+        built["pyver"],
+        "--python-platform",
+        built["uv_platform"],
+    ]
     user += _prefixed("--platform=", options.get("ml_stack_platform_tags"))
     user += _prefixed("--requirement=", options.get("ml_stack_extra_requirements"))
     if built["requirements_file"]:
@@ -478,3 +489,31 @@ def node_refusal(
             f"capability {floor} and newer, so this GPU needs an older CUDA{other}."
         )
     return ""
+
+
+def node_of(facts: Mapping[str, Any], options: Mapping[str, Any]) -> dict:
+    """What preflight.yml compares with the plan, of this node's own facts: its Python (X.Y),
+    its SynapseAI release (the habana fact, else the configured one), its OS's name in
+    Habana's tables (__ml_stack_os_table; Debian 12's for an OS not in it) and the OSes
+    ml_stack_habana_compat lists for that release (None where it has no entry)."""
+    version = (facts.get("python") or {}).get("version") or {}
+    local = facts.get("ansible_local") or {}
+    os_table = options.get("__ml_stack_os_table") or {}
+    os_key = f"{facts.get('distribution', '')}-{facts.get('distribution_major_version', '')}"
+    synapseai = (local.get("habana") or {}).get("synapseai") or options.get(
+        "ml_stack_habana_synapseai_version"
+    )
+    release = _release(synapseai, _SYNAPSEAI_RELEASE)
+    compat = options.get("ml_stack_habana_compat") or {}
+    return {
+        "node_pyver": f"{version.get('major')}.{version.get('minor')}",
+        "node_synapseai": release,
+        "node_habana_compat_os": (
+            ", ".join(str(name) for name in compat[release].get("os") or [])
+            if release in compat
+            else None
+        ),
+        "node_habana_os": (os_table.get(os_key) or os_table.get("Debian-12") or {}).get(
+            "habana_os", ""
+        ),
+    }

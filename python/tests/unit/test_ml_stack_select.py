@@ -65,7 +65,7 @@ def test_only_a_cpu_build_starts_early_and_ml_stack_joins_only_its_own_key():
 
 
 def test_the_ranks_a_node_runs_decide_whether_the_install_compiles_a_jobs_bytecode():
-    """__ml_stack_node_ranks (the node's hostfile slots): above 1, the seed task compiles what
+    """__ml_stack_node.ranks (the node's hostfile slots): above 1, the seed task compiles what
     a job imports at install instead of leaving it to every rank of the first job."""
     cpu = facts(accelerators={"kind": "cpu", "count": 0})
     for slots in (1, 2):

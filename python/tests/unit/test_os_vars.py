@@ -15,6 +15,7 @@ import pytest
 from . import role_render
 
 FIXTURES = role_render.FIXTURES
+PLAN = role_render.rolefiles.load_util("ml_stack_plan")
 OSES = ["debian12", "debian13", "ubuntu2204", "ubuntu2404"]
 # The running kernel of the nodes whose recordings carry none (only the Debian 12 one was
 # recorded in full): test inputs, for the kernel-named Lustre module package only.
@@ -74,8 +75,9 @@ WANTED = {
     "nfs_server": ["nfs_server_packages", "nfs_server_service"],
     "base": ["base_packages"],
     "slurm": ["slurm_packages", "slurm_controller_packages"],
-    # ml_stack's build plan (variant, lock, refusal) is Python's: test_ml_stack_plan.py.
-    "ml_stack": ["__ml_stack_os_key", "__ml_stack_node_os"],
+    # ml_stack's build plan (variant, lock, refusal) is Python's: test_ml_stack_plan.py; its
+    # node's OS names come from the rendered table (test_ml_stack_os_names).
+    "ml_stack": ["__ml_stack_os_table"],
 }
 CUDA = "https://developer.download.nvidia.com/compute/cuda/repos"
 CODENAMES = {
@@ -400,10 +402,15 @@ HABANA_OS = {
 
 @pytest.mark.parametrize("name", OSES)
 def test_ml_stack_os_names(rendered, name):
-    values = rendered[name]["ml_stack"]
+    """The node's OS key (from its recorded facts) is in the rendered table, and the plan's
+    node_of (plugins/module_utils/ml_stack_plan.py) names Habana's OS from them."""
+    table = rendered[name]["ml_stack"]["__ml_stack_os_table"]
     key = {"debian12": "Debian-12", "debian13": "Debian-13", "ubuntu2204": "Ubuntu-22"}
-    assert values["__ml_stack_os_key"] == key.get(name, "Ubuntu-24")
-    assert values["__ml_stack_node_os"] == HABANA_OS[name]
+    assert key.get(name, "Ubuntu-24") in table
+    recorded = json.loads((FIXTURES / f"{name}.json").read_text())["ansible_facts"]
+    facts = {k.removeprefix("ansible_"): v for k, v in recorded.items() if "distribution" in k}
+    node = PLAN.node_of(facts, {"__ml_stack_os_table": table})
+    assert node["node_habana_os"] == HABANA_OS[name]
 
 
 def test_ml_stack_habana_names_are_the_compat_tables():
