@@ -25,8 +25,9 @@ export DSCLUSTER_CACHE ?= $(HOME)/.cache/dscluster
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-# Python that roles ship to nodes (detectors, recorders): linted like python/.
-ROLE_PY = $(wildcard roles/*/files/*.py roles/*/files/*.fact examples/*/*.py plugins/*/*.py)
+# Python that roles ship to nodes (detectors, recorders), and make cuda-wheel's check (it runs
+# in the build container): linted like python/.
+ROLE_PY = $(wildcard roles/*/files/*.py roles/*/files/*.fact examples/*/*.py plugins/*/*.py) scripts/wheel_ops.py
 
 # Where named inventories live (inventories/<name>/hosts.yml).
 INVENTORIES ?= inventories
@@ -253,6 +254,12 @@ locks: venv ## Rewrite the shipped hash locks of torch + DeepSpeed (LOCKS="pypi:
 	@for lk in $(LOCKS); do \
 	  $(DSC) lock --variant $${lk%%:*} --python $${lk##*:} -o roles/ml_stack/files/locks || exit 1; \
 	done
+
+# DeepSpeed's CUDA ops compiled without a GPU: PyPI's hash-locked CUDA compiler wheels in a
+# build venv, in a node container with no network (scripts/cuda_wheel.sh); not in make test.
+.PHONY: cuda-wheel
+cuda-wheel: venv engine ## DeepSpeed wheel with its CUDA ops pre-built in a node container, no GPU, then checked (cuobjdump)
+	bash scripts/cuda_wheel.sh
 
 .PHONY: bench
 bench: images ## Timings: demo cold vs warm, re-converge, job start with/without pre-built ops

@@ -49,6 +49,11 @@ def load_util(name: str) -> types.ModuleType:
     return _load_file(f"dscluster_module_utils_{name}", file)
 
 
+def load_script(name: str) -> types.ModuleType:
+    """Import scripts/<name>.py (the make targets' helpers)."""
+    return _load_file(f"dscluster_script_{name}", REPO / "scripts" / f"{name}.py")
+
+
 def load_plugin(name: str) -> types.ModuleType:
     """Import plugins/modules/<name>.py as Ansible would run it from this clone: its
     `from ansible.module_utils import X` gets this clone's plugins/module_utils/X.py (as

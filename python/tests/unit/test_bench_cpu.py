@@ -4,8 +4,6 @@ whose counter is nowhere is unknown (the split is then not printed as if it were
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import pathlib
 import types
 
@@ -16,12 +14,7 @@ from .. import rolefiles
 
 @pytest.fixture
 def bench_cpu(tmp_path, monkeypatch):
-    file = rolefiles.REPO / "scripts" / "bench_cpu.py"
-    loader = importlib.machinery.SourceFileLoader("dscluster_bench_cpu", str(file))
-    spec = importlib.util.spec_from_loader("dscluster_bench_cpu", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
+    module = rolefiles.load_script("bench_cpu")
     monkeypatch.setattr(module, "CGROUP", tmp_path)
     return module
 
