@@ -48,8 +48,9 @@ def node_plan(
     uv_version: str,
     warm_modules: Sequence[str],
 ) -> dict:
-    """This node's part: plan is the build plan (__ml_stack_plan), local the node's
-    ansible_local facts, digests and uv_version the controller's layers (layers.yml)."""
+    """This node's part: plan is the build plan (__ml_stack_plan), local the node's local
+    facts (ansible_facts.ansible_local), digests and uv_version the controller's layers
+    (layers.yml)."""
     opt = options.get
     venv, tools_venv = str(opt("ml_stack_venv")), str(opt("ml_stack_tools_venv"))
     pycache_dir = str(opt("ml_stack_pycache_dir") or "")
