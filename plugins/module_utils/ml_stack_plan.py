@@ -154,6 +154,13 @@ def _habana(synapseai: str, options: Mapping[str, Any]) -> dict:
     }
 
 
+def _habana_os(facts: Mapping[str, Any], options: Mapping[str, Any]) -> str:
+    """The OS's name in Habana's tables (__ml_stack_os_table; Debian 12's for one not in it)."""
+    os_table = options.get("__ml_stack_os_table") or {}
+    os_key = f"{facts.get('distribution', '')}-{facts.get('distribution_major_version', '')}"
+    return str((os_table.get(os_key) or os_table.get("Debian-12") or {}).get("habana_os", ""))
+
+
 def _user_hash(key: str, options: Mapping[str, Any], requirements: str) -> str:
     """The user layer's key: the base key and every input of its resolution (the requirements
     file's content, not its path), joined by a backslash and an n as the Jinja's '\\n' in a
@@ -208,13 +215,7 @@ def _argvs(
     (the task adds --lock-json where it checks lock.json too), the user layer's resolution."""
     files = f"{role_path}/files"
     wheelhouse, hpu = built["wheelhouse"], built["variant"] == "hpu"
-    download = [
-        python,
-        f"{files}/hash_wheels.py",
-        "download",
-        "--lock",
-        built["base_lock"],
-    ]
+    download = [python, f"{files}/hash_wheels.py", "download", "--lock", built["base_lock"]]
     download += ["--dest", wheelhouse, "--exclude", "deepspeed"]
     download += [f"--index-for=torch={built['torch_index']}"] if built["torch_index"] else []
     download += [*_prefixed("--require=", built["base_requirements"]), "--"]
@@ -226,12 +227,7 @@ def _argvs(
     verify += ["--sdist-sha256", built["habana"].get("deepspeed_sha256", "")] if hpu else []
     user = [python, f"{files}/user_layer.py", "--base", wheelhouse]
     user += ["--out", built["user_wheelhouse"], "--key", built["user_key"]]
-    user += [
-        "--python-version",
-        built["pyver"],
-        "--python-platform",
-        built["uv_platform"],
-    ]
+    user += ["--python-version", built["pyver"], "--python-platform", built["uv_platform"]]
     user += _prefixed("--platform=", options.get("ml_stack_platform_tags"))
     user += _prefixed("--requirement=", options.get("ml_stack_extra_requirements"))
     if built["requirements_file"]:
@@ -304,9 +300,7 @@ def plan(
     torch_index = (
         f"{opt('ml_stack_torch_index_url')}/{variant}" if _INDEXED_VARIANT.match(variant) else ""
     )
-    os_table = options.get("__ml_stack_os_table") or {}
-    os_key = f"{facts.get('distribution', '')}-{facts.get('distribution_major_version', '')}"
-    habana_os = (os_table.get(os_key) or os_table.get("Debian-12") or {}).get("habana_os", "")
+    habana_os = _habana_os(facts, options)
     accel_build_env = _accel_build_env(accelerator, cuda_version, options)
 
     # The base layer's key: only what changes DeepSpeed's build or which torch it is, and a
@@ -498,8 +492,6 @@ def node_of(facts: Mapping[str, Any], options: Mapping[str, Any]) -> dict:
     ml_stack_habana_compat lists for that release (None where it has no entry)."""
     version = (facts.get("python") or {}).get("version") or {}
     local = facts.get("ansible_local") or {}
-    os_table = options.get("__ml_stack_os_table") or {}
-    os_key = f"{facts.get('distribution', '')}-{facts.get('distribution_major_version', '')}"
     synapseai = (local.get("habana") or {}).get("synapseai") or options.get(
         "ml_stack_habana_synapseai_version"
     )
@@ -513,7 +505,5 @@ def node_of(facts: Mapping[str, Any], options: Mapping[str, Any]) -> dict:
             if release in compat
             else None
         ),
-        "node_habana_os": (os_table.get(os_key) or os_table.get("Debian-12") or {}).get(
-            "habana_os", ""
-        ),
+        "node_habana_os": _habana_os(facts, options),
     }
