@@ -8,8 +8,11 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from rich.console import Console
@@ -311,6 +314,22 @@ def ansible_env() -> dict[str, str]:
     return env
 
 
+@contextlib.contextmanager
+def signals_kept() -> Iterator[None]:
+    """SIGINT and SIGTERM handled as before once the block ends: ansible-runner sets its own
+    handlers (for its cancel callback) and never puts the old ones back, which left Ctrl-C
+    doing nothing for the rest of the command (a job's live output could not be left)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
 def run_playbook(
     playbook: str,
     inv: Inventory,
@@ -369,7 +388,7 @@ def run_playbook(
             if live
             else contextlib.nullcontext()
         )
-        with display as view:
+        with display as view, signals_kept():
             result = ansible_runner.run(**kwargs)
         stdout = result.stdout.read() if result.stdout else ""
         recover_lost_events(progress, pathlib.Path(result.config.artifact_dir) / "job_events")

@@ -310,3 +310,27 @@ def test_the_collection_actions_are_on_the_action_path(monkeypatch):
     assert mine == "/opt/mine"
     monkeypatch.delenv("ANSIBLE_ACTION_PLUGINS")
     assert runner.ansible_env()["ANSIBLE_ACTION_PLUGINS"] == first
+
+
+def test_signals_kept_puts_back_the_handlers_ansible_runner_replaces():
+    """ansible-runner's run() sets SIGINT/SIGTERM handlers and leaves them: Ctrl-C would then
+    do nothing for the rest of the command (launch's live output could not be left)."""
+    import signal  # noqa: PLC0415
+
+    from dscluster.runner import signals_kept  # noqa: PLC0415
+
+    outer = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        # Python's own (an earlier test's ansible-runner may have left its handler)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        with signals_kept():
+            signal.signal(signal.SIGINT, lambda *a: None)
+            signal.signal(signal.SIGTERM, lambda *a: None)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        for sig, handler in outer.items():
+            signal.signal(sig, handler)
