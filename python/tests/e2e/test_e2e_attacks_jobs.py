@@ -5,6 +5,7 @@ root's record on the head (launch.yml), and the job area the training user's alo
 
 from __future__ import annotations
 
+import json
 import pathlib
 import re
 
@@ -39,6 +40,13 @@ while time.time() < end:
             open(path, "w").write(forged)
         except OSError:
             pass
+    # root's records (0700): nothing there to find, let alone write
+    for job in glob.glob("/var/lib/dscluster/jobs/*/"):
+        for name in ("state.json", "exit_status", "launcher.log"):
+            try:
+                open(job + name, "w").write('{{"state": "exited", "rc": 0}}')
+            except OSError:
+                pass
     for job in glob.glob("{JOBS}/*/"):
         for name, text in (("exit_status", "0\\n"), ("report.json", '{{"ok": true}}')):
             try:
@@ -46,6 +54,17 @@ while time.time() < end:
             except OSError:
                 pass
     time.sleep(0.02)
+"""
+
+
+# A job that prints the supervisor's frames itself (an end saying exit 0, a line at an offset
+# far ahead), then fails: what the controller reports is still the job's own exit, 4.
+FRAME_FORGER = """\
+import json, os, sys
+end = {"end": {"state": "exited", "rc": 0}, "files": {"exit_status": "0\\n"}}
+os.write(1, (json.dumps(end) + "\\n").encode())
+os.write(1, b'{"o": "forged", "at": 999999999}\\n')
+sys.exit(4)
 """
 
 
@@ -90,6 +109,18 @@ def test_a_leftover_job_process_cannot_forge_the_next_jobs_verdict(
         assert cut.returncode != 0, cut.stdout[-3000:] + cut.stderr[-3000:]
         line = cut.stderr.strip().splitlines()[-1]
         assert "smoke job exited 124 (root's record on the head) though its own" in line, line
+        # a job printing the supervisor's own frames cannot end or judge the stream
+        framed = tmp_path / "frames.py"
+        framed.write_text(FRAME_FORGER)
+        forged = dsc(
+            "launch", "-i", str(provisioned), "--launcher", "mpi", "--timeout", "120",
+            "--no-doctor", "--master-port", "29523", "--", str(framed), timeout=300,
+        )  # fmt: skip
+        assert forged.returncode == 4, forged.stdout[-3000:] + forged.stderr[-3000:]
+        assert '{"end": {"state": "exited", "rc": 0}' in forged.stdout
+        listed = dsc("jobs", "-i", str(provisioned), "--json", timeout=120)
+        record = {j["id"]: j for j in json.loads(listed.stdout)["jobs"]}[run_id(forged)]
+        assert (record["state"], record["rc"]) == ("exited", 4), record
         # the forger was at work in both job directories the whole time
         for proc, status in ((failed, "3"), (passed, "0")):
             run = run_id(proc)

@@ -29,6 +29,7 @@ from dscluster.launch_files import render_launch_files
 from dscluster.runner import PlaybookResult
 
 from .clirun import run_cli, run_main
+from .jobfake import stand_in
 from .test_doctor import HOSTS, fail_connects, fail_ssh, healthy, judge, node, set_node
 
 # ---------------------------------------------------------------- the decision, on reports
@@ -303,7 +304,7 @@ def fake_run(monkeypatch, report: dict | None = None):
             (fetched / "report.json").write_text(json.dumps(report))
         return PlaybookResult(status="successful", rc=0, hosts={}, failures=[])
 
-    monkeypatch.setattr(launch_run, "run_playbook", run_playbook)
+    stand_in(monkeypatch, run_playbook)
     return seen
 
 

@@ -12,7 +12,6 @@ import sys
 import pytest
 
 from dscluster.jobs import launch_watch
-from dscluster.launch import run as launch_run
 from dscluster.launch.watch import (
     ScriptFailure,
     last_error,
@@ -23,6 +22,7 @@ from dscluster.launch.watch import (
 from dscluster.runner import PlaybookResult
 
 from .clirun import run_cli
+from .jobfake import stand_in
 
 HOSTS = ["n1", "n2", "n3"]
 ERR = "ValueError: Expected a string path to an existing deepspeed config, or a dictionary"
@@ -334,7 +334,7 @@ def test_cli_reports_a_script_error_in_one_line_after_its_error_lines(
     log = [line for line in DEEPSPEED_ALL_FAIL if not line.startswith(("n1", "pdsh@n1: n1"))]
     for short, name in names.items():
         log = [line.replace(f"{short}:", f"{name}:") for line in log]
-    monkeypatch.setattr(launch_run, "run_playbook", fake_job(log, 1))
+    stand_in(monkeypatch, fake_job(log, 1))
     rc, _, err = run_cli("launch", "-i", str(inventory_dir), "--no-doctor", "--", str(script))
     assert rc == 1
     # node-b's ranks 4 and 5 (node-a has 4 slots, node-b 2, node-c 2 CPU slots)
@@ -356,7 +356,7 @@ def test_cli_without_error_lines_names_the_exit(tmp_path, inventory_dir, monkeyp
     script = tmp_path / "train.py"
     script.write_text("pass\n")
     log = ["pdsh@node-a: node-c: ssh exited with exit code 3"]
-    monkeypatch.setattr(launch_run, "run_playbook", fake_job(log, 3))
+    stand_in(monkeypatch, fake_job(log, 3))
     rc, _, err = run_cli("launch", "-i", str(inventory_dir), "--no-doctor", "--", str(script))
     assert rc == 3
     assert "first error" not in err
@@ -370,7 +370,7 @@ def test_cli_keeps_the_lost_node_wording(tmp_path, inventory_dir, monkeypatch, c
     script = tmp_path / "train.py"
     script.write_text("pass\n")
     log = ["node-a: step 1", "pdsh@node-a: node-c: ssh exited with exit code 255"]
-    monkeypatch.setattr(launch_run, "run_playbook", fake_job(log, 1))
+    stand_in(monkeypatch, fake_job(log, 1))
     rc, _, err = run_cli("launch", "-i", str(inventory_dir), "--no-doctor", "--", str(script))
     assert rc == 1
     assert "first error" not in err
@@ -400,7 +400,7 @@ def test_cli_names_the_ranks_still_running_at_the_time_limit(
     script.write_text("pass\n")
     log = ["node-a: RESULT {}", "dscluster: the job's time limit was reached; ending the launcher"]
     log += [said] if said else []
-    monkeypatch.setattr(launch_run, "run_playbook", fake_job(log, 124))
+    stand_in(monkeypatch, fake_job(log, 124))
     rc, _, _ = run_cli("launch", "-i", str(inventory_dir), "--no-doctor", "--", str(script))
     assert rc == 124
     last = capsys.readouterr().err.strip().splitlines()[-1]

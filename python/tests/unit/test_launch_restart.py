@@ -38,6 +38,7 @@ from dscluster.launch.watch import ScriptFailure
 from dscluster.runner import PlaybookResult
 
 from .clirun import one_line_error, run_cli, run_main
+from .jobfake import stand_in
 
 POOL = {"h1": 2, "h2": 2, "h3": 2}
 ENV = "PATH=/opt/v/bin:/usr/bin\nDSCLUSTER_CHECKPOINT_DIR=/shared/dscluster/checkpoints\n"
@@ -507,7 +508,7 @@ def test_min_nodes_above_the_runs_nodes_is_refused_before_anything(
     script = tmp_path / "train.py"
     script.write_text("pass\n")
     called = []
-    monkeypatch.setattr(launch_run, "run_playbook", lambda *a, **k: called.append(a))
+    stand_in(monkeypatch, lambda *a, **k: called.append(a))
     before = sorted(p.name for p in inventory_dir.iterdir())
     for extra, nodes in (([], 3), (["--num-nodes", "2"], 2)):
         argv = ["launch", "-i", str(inventory_dir), "--no-doctor", "--max-restarts", "2"]
@@ -557,7 +558,7 @@ def test_launch_restarts_and_writes_the_record(tmp_path, inventory_dir, monkeypa
         (fetched / CHECKPOINT_STATE).write_text(json.dumps(state))
         return PlaybookResult(status="successful", rc=0, hosts={}, failures=[])
 
-    monkeypatch.setattr(launch_run, "run_playbook", run_playbook)
+    stand_in(monkeypatch, run_playbook)
     rc, _, err = run_cli(
         "launch", "-i", str(inventory_dir), "--no-doctor", "--max-restarts", "1",
         "--checkpoint-dir", "/mnt/ck/run1", "--launcher", "torchrun", "--", str(script),
@@ -593,7 +594,7 @@ def test_node_local_checkpoints_are_said_once(tmp_path, inventory_dir, monkeypat
         (fetched / "exit_status").write_text("0\n")
         return PlaybookResult(status="successful", rc=0, hosts={}, failures=[])
 
-    monkeypatch.setattr(launch_run, "run_playbook", run_playbook)
+    stand_in(monkeypatch, run_playbook)
     argv = ["launch", "-i", str(inventory_dir), "--no-doctor", "--max-restarts", "1"]
     rc, _, err = run_cli(*argv, "--", str(script))
     assert rc == 0, err

@@ -20,7 +20,6 @@ from dscluster.cli.flags import zero_stages
 from dscluster.errors import DsclusterError
 from dscluster.inventory import load
 from dscluster.jobs import SMOKE_JOB_FILES, smoke_checks, smoke_job
-from dscluster.launch import run as launch_run
 from dscluster.launch import workdir
 from dscluster.smoke import (
     config_table,
@@ -34,6 +33,8 @@ from dscluster.smoke import (
 )
 from dscluster.smoke.figure import build_figure, render_png, write_png
 from dscluster.smoke.run import _failure_line, run_smoke
+
+from .jobfake import stand_in
 
 
 def test_lost_nodes_from_launcher_log():
@@ -116,7 +117,7 @@ def test_the_staged_job_runs_from_its_directory_without_dscluster(
             tar.extractall(unpacked, filter="tar")
         raise Staged
 
-    monkeypatch.setattr(launch_run, "run_playbook", fake_playbook)
+    stand_in(monkeypatch, fake_playbook)
     with pytest.raises(Staged):
         run_smoke(load(inventory_dir), console=Console(file=io.StringIO()))
     (job,) = unpacked.iterdir()
@@ -536,7 +537,7 @@ def test_the_pass_needs_roots_record_and_a_report_of_the_known_shape(
         (fetched / "exit_status").write_text(f"{status}\n")
         return PlaybookResult(status="successful", rc=0, hosts={}, failures=[])
 
-    monkeypatch.setattr(launch_run, "run_playbook", fake_playbook)
+    stand_in(monkeypatch, fake_playbook)
     with pytest.raises(DsclusterError) as failed:
         run_smoke(load(str(inventory_dir)), steps=1, console=Console(file=io.StringIO()))
     line = str(failed.value)

@@ -19,11 +19,12 @@ from rich.console import Console
 from dscluster import cli
 from dscluster.errors import DsclusterError
 from dscluster.inventory import load
-from dscluster.launch import run as launch_run
 from dscluster.runner import PlaybookResult
 from dscluster.smoke import FabricContext, ceilings, fabric_table, grade, run_smoke
 from dscluster.smoke import run as smoke_run
 from dscluster.smoke.fabric import choose, context_from_facts
+
+from .jobfake import stand_in
 
 GIB = 1 << 30
 
@@ -270,7 +271,7 @@ def test_run_smoke_adds_the_slow_devices_and_the_fabric_grade(inventory_dir, mon
         programs.append(request.program)
         return original(inv, files, request, run_id)
 
-    monkeypatch.setattr(launch_run, "run_playbook", fake_playbook)
+    stand_in(monkeypatch, fake_playbook)
     monkeypatch.setattr(smoke_run, "plan_for", plan_for)
     report, path = run_smoke(
         load(str(inventory_dir)), steps=1, console=Console(file=io.StringIO()), fabric="tcp"

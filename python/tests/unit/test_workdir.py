@@ -15,12 +15,12 @@ import pytest
 import yaml
 
 from dscluster.errors import DsclusterError
-from dscluster.launch import run as launch_run
 from dscluster.launch import workdir
 from dscluster.runner import PlaybookResult
 
 from .. import rolefiles
 from .clirun import run_cli, run_main
+from .jobfake import stand_in
 
 
 def make_project(root: pathlib.Path) -> pathlib.Path:
@@ -165,7 +165,7 @@ def test_launch_stages_the_tarball_and_reports_where_it_ran(tmp_path, inventory_
         (fetched / "exit_status").write_text("0\n")
         return PlaybookResult(status="successful", rc=0, hosts={}, failures=[])
 
-    monkeypatch.setattr(launch_run, "run_playbook", fake_playbook)
+    stand_in(monkeypatch, fake_playbook)
     rc, _, err = run_cli(
         "launch", "-i", str(inventory_dir), "--workdir", str(root), "--no-doctor",
         "--", "train.py", "--deepspeed", "ds_config.json",
@@ -201,7 +201,7 @@ def test_without_workdir_only_the_script_is_staged(tmp_path, inventory_dir, monk
         (pathlib.Path(extravars["launch_fetch_dir"]) / "exit_status").write_text("0\n")
         return PlaybookResult(status="successful", rc=0, hosts={}, failures=[])
 
-    monkeypatch.setattr(launch_run, "run_playbook", fake_playbook)
+    stand_in(monkeypatch, fake_playbook)
     rc, _, err = run_cli("launch", "-i", str(inventory_dir), "--no-doctor", "--", str(script))
     assert rc == 0, err
     top = seen["launch_job_dir"].rsplit("/", 1)[1]
@@ -263,19 +263,30 @@ def test_job_files_are_written_and_read_back_as_the_training_user():
     tasks |= {t["name"]: t for play in plays for b in play.get("tasks", [])
               for t in b.get("block", []) + b.get("always", [])}  # fmt: skip
     unpack = tasks["Unpack the job's files into the job directory, as the training user"]
-    run = next(t for name, t in tasks.items() if name.startswith("Run launch.sh"))
-    fetch = tasks["Fetch the log, the exit status and the job's outputs"]
     assert all("become_user" not in t for t in tasks.values())
-    for task in (unpack, run):
-        body = task["ansible.builtin.shell"]
-        assert body["chdir"] == "/"
-        named = [c for c in shell_commands(body["cmd"]) if any("launch_job_dir" in w for w in c)]
-        assert named, body["cmd"]
-        for command in named:
-            assert command[:2] == ["runuser", "-u"] and command[3] == "--", command
-            assert command[2].endswith(("_dscluster_training_user", "___launch_user")), command
+    body = unpack["ansible.builtin.shell"]
+    assert body["chdir"] == "/"
+    named = [c for c in shell_commands(body["cmd"]) if any("launch_job_dir" in w for w in c)]
+    assert named, body["cmd"]
+    for command in named:
+        assert command[:2] == ["runuser", "-u"] and command[3] == "--", command
+        assert command[2].endswith("_dscluster_training_user"), command
     tar = next(c for c in shell_commands(unpack["ansible.builtin.shell"]["cmd"]) if "tar" in c)
     assert tar[4:6] == ["tar", "-x"]
-    assert fetch["ansible.builtin.fetch"]["src"].startswith("{{ __launch_record }}/")
-    record = next(p for p in plays if p["name"] == "Run the job from the head")
+    # The job runs under root's supervisor, started by root's system Python in isolated mode
+    # from root's directory; it runs launch.sh as the training user, and reads the job's
+    # outputs as that user too (its own record is root's).
+    start = tasks["Start the job supervisor"]["ansible.builtin.command"]
+    assert start["argv"][:3] == ["/usr/bin/python3", "-I", "/opt/dscluster/bin/dscluster_job.py"]
+    assert start["chdir"] == "/"
+    job = rolefiles.load("deepspeed_launcher", "dscluster_job.py")
+    spec = {"user": "ds", "dir": "/shared/dscluster/jobs/launch-x", "timeout": 0}
+    assert job.launcher_argv(spec)[:4] == ["runuser", "-u", "ds", "--"]
+    assert job.launcher_argv(spec)[-2:] == ["/shared/dscluster/jobs/launch-x", "./launch.sh"]
+    source = rolefiles.path("deepspeed_launcher", "files/dscluster_job.py").read_text()
+    uses = [i for i in range(len(source)) if source.startswith('spec["dir"]', i)]
+    # each inside a command that starts as the training user (a few lines up at most)
+    assert len(uses) == 3 and all("*as_user(" in source[i - 200 : i] for i in uses)
+    assert job.RECORDS == "/var/lib/dscluster/jobs"
+    record = next(p for p in plays if p["name"] == "Start the job on the head")
     assert record["vars"]["__launch_record"].startswith("/var/lib/dscluster/jobs/")

@@ -22,7 +22,20 @@ from rich.console import Console
 from .. import __version__, inventory_cache, paths, runner
 from ..errors import DsclusterError, debug, print_error
 from ..text import one_line
-from . import aws, doctor, dsconfig, flags, inventory, launch, local, lock, provision, sbatch, smoke
+from . import (
+    aws,
+    doctor,
+    dsconfig,
+    flags,
+    inventory,
+    jobs,
+    launch,
+    local,
+    lock,
+    provision,
+    sbatch,
+    smoke,
+)
 
 
 class _Version(argparse.Action):
@@ -101,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     # In the order `dscluster --help` lists them.
-    for group in (local, provision, smoke, launch, inventory, aws, sbatch, doctor, dsconfig, lock):
+    groups = (local, provision, smoke, launch, jobs, inventory, aws, sbatch, doctor, dsconfig, lock)
+    for group in groups:
         group.register(sub)
     return parser
 

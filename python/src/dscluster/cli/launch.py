@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import re
 import sys
+import time
 
 from rich.console import Console
 
 from .. import validate
 from ..errors import DsclusterError
 from ..launch import LAUNCHERS
+from ..launch.jobs import Detached
 from ..launch.signatures import Match
 from ..launch.watch import ScriptFailure, time_limit_note
 from . import flags
+
+# Seconds between two status lines that only a new step would print.
+STATUS_EVERY = 30.0
 
 
 def register(sub) -> None:
@@ -51,7 +58,13 @@ def register(sub) -> None:
         help="the first N slots per host",
     )
     flags.master_port(p)
-    flags.timeout(p, 3600)
+    flags.timeout(p, None, what="the job (default: never; the job runs until it ends)")
+    p.add_argument(
+        "--detach",
+        action="store_true",
+        help="return once the job started; it runs on under the head's supervisor "
+        "(dscluster jobs, logs, stop); Ctrl-C while the output streams does the same",
+    )
     p.add_argument(
         "--no-stage",
         action="store_true",
@@ -127,6 +140,11 @@ def check_launch(args: argparse.Namespace) -> None:
 def _check_restarts(args: argparse.Namespace) -> None:
     from ..launch.restart import check_checkpoint_dir  # noqa: PLC0415
 
+    if args.detach and args.max_restarts:
+        raise DsclusterError(
+            "--detach with --max-restarts: restarts are decided by this command, which "
+            "--detach ends at once; drop one of them"
+        )
     if args.retry_on_error and not args.max_restarts:
         raise DsclusterError(
             "--retry-on-error retries within --max-restarts N, which is 0; give --max-restarts"
@@ -212,6 +230,46 @@ def _attempts(result, err: Console) -> str:
     return f"{text}; run record {record.path}"
 
 
+def _write_line(out: Console, text: str) -> None:
+    """One line of the job's, as it came: no markup, no wrapping, flushed at once."""
+    out.file.write(text + "\n")
+    out.file.flush()
+
+
+class _Status:
+    """The job's status line on stderr, from the supervisor's state: each change of state,
+    and the last DSCLUSTER_STEP at most every STATUS_EVERY seconds."""
+
+    def __init__(self, err: Console, every: float = STATUS_EVERY):
+        self.err, self.every = err, every
+        self.said: tuple = ()
+        self.at = 0.0
+
+    def update(self, state: dict) -> None:
+        job = str(state.get("id") or "")
+        key = (job, state.get("state"))
+        now = time.monotonic()
+        if key == self.said[:2] and (
+            state.get("last_step") == self.said[2:] or now - self.at < self.every
+        ):
+            return
+        self.said, self.at = (*key, state.get("last_step")), now
+        started = state.get("started")
+        took = (
+            dt.timedelta(seconds=round(time.time() - started))
+            if isinstance(started, int | float)
+            else "-"
+        )
+        attempt = int(m[1]) + 1 if (m := re.search(r"-r(\d+)$", job)) else 1
+        step = state.get("last_step")
+        self.err.print(
+            f"[{job}: {state.get('state')}, attempt {attempt}, {len(state.get('nodes') or [])} "
+            f"nodes, {took}" + (f", step {step}]" if step is not None else "]"),
+            markup=False,
+            highlight=False,
+        )
+
+
 def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
     from ..doctor.run import survivors_check  # noqa: PLC0415
     from ..inventory import load, master_port  # noqa: PLC0415
@@ -241,22 +299,30 @@ def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
         torchrun_max_restarts=flags.torchrun_restarts(args),
         **mode,
     )
-    plan, result = launch(
-        inv,
-        request,
-        stage=not args.no_stage,
-        workdir=args.workdir,
-        dry_run=args.dry_run,
-        timeout=args.timeout,
-        mode_files=mode_files,
-        out=out,
-        console=err,
-        preflight=flags.preflight(args, inv, master_port=port, console=err, what="launch"),
-        restart=_restart_policy(args),
-        check_survivors=None
-        if args.no_doctor
-        else survivors_check(inv, master_port=port, console=err),
-    )
+    status = _Status(err)
+    try:
+        plan, result = launch(
+            inv,
+            request,
+            stage=not args.no_stage,
+            workdir=args.workdir,
+            dry_run=args.dry_run,
+            timeout=args.timeout,
+            mode_files=mode_files,
+            out=out,
+            console=err,
+            preflight=flags.preflight(args, inv, master_port=port, console=err, what="launch"),
+            restart=_restart_policy(args),
+            check_survivors=None
+            if args.no_doctor
+            else survivors_check(inv, master_port=port, console=err),
+            on_line=lambda text, _at: _write_line(out, text),
+            on_state=status.update,
+            detach=args.detach,
+        )
+    except Detached as exc:
+        err.print(f"launch {exc}", markup=False, highlight=False, soft_wrap=True)
+        return 0
     if result is None:
         if args.exclude_unhealthy:
             err.print(
@@ -266,8 +332,6 @@ def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
                 highlight=False,
             )
         return 0
-    for line in result.log_lines:
-        out.print(line, markup=False, highlight=False)
     attempts = _attempts(result, err)
     if result.rc == 0:
         where = f"ran in {plan.job_dir} on {plan.head}"

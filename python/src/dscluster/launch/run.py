@@ -22,6 +22,7 @@ from ..launch_files import LaunchFiles, render_launch_files
 from ..paths import cache_dir
 from ..runner import PlaybookResult, run_playbook
 from ..util import atomic_write, print_warnings, write_files
+from . import jobs
 from .exclude import request_without, site_without
 from .launchers.mpi import render_mpi_hostfile
 from .render import Plan, build_plan
@@ -39,6 +40,10 @@ from .signatures import Match, match_signatures
 from .watch import ScriptFailure, lost_nodes, script_failure
 from .workdir import JOB_FILE_NAMES, JOB_TAR, Project, check_names, project_for, write_job_tar
 
+# Seconds for staging and starting a job (launch.yml); the job itself has no bound.
+STAGE_TIMEOUT = 900
+# The head's job record's own files (dscluster_job.py RECORD_FILES): never an output's name.
+RECORD_FILES = ("job.json", "state.json", "launcher.log", "exit_status")
 # A job output brought back: one plain name in the job directory.
 FETCH_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
@@ -126,28 +131,36 @@ class JobResult:
     left_out: dict[str, str] = dataclasses.field(default_factory=dict)
     # launch --max-restarts: every attempt, written beside the logs (restart.py)
     record: RunRecord | None = None
+    # the supervisor's state of the job when it ended (jobs.STATE_KEYS); {} if it never ran
+    state: dict = dataclasses.field(default_factory=dict)
 
 
-def run_job(
+def run_job(  # noqa: PLR0913 - the job, where its output goes, each a keyword
     inv: Inventory,
     plan: Plan,
     *,
     stage_files: Mapping[str, pathlib.Path] | None = None,
     project: Project | None = None,
     fetch: Sequence[str] = (),
-    timeout: int = 3600,
+    timeout: int | None = None,
     console: Console | None = None,
     playbook: str = "launch.yml",
+    on_line: Callable[[str, float], None] | None = None,
+    on_state: Callable[[dict], None] | None = None,
+    detach: bool = False,
 ) -> JobResult:
     """Stage the plan's files (+ stage_files: name -> local path, + the `project` unpacked
-    from one tarball) into the job directory, run launch.sh on the head within `timeout`
-    seconds, fetch the log (+ `fetch`)."""
+    from one tarball) into the job directory, start launch.sh on the head under root's job
+    supervisor (cut after `timeout` seconds when given), and follow its record until it
+    ends: every line to on_line(text, head time) as it comes, the state's changes to
+    on_state; then its exit status and the job's own outputs (`fetch`) from the record.
+    Ctrl-C while following, or `detach`, raises jobs.Detached: the job runs on."""
     console = console or Console(stderr=True)
-    if timeout < 1:
+    if timeout is not None and timeout < 1:
         raise DsclusterError(f"--timeout {timeout}: give the job at least one second, e.g. 600")
     for name in fetch:
-        # Root writes each into the head's job record under this name (launch.yml).
-        if not FETCH_NAME.fullmatch(name) or name in ("launcher.log", "exit_status"):
+        # The supervisor copies each into the head's job record under this name.
+        if not FETCH_NAME.fullmatch(name) or name in RECORD_FILES:
             raise DsclusterError(
                 f"output {name!r}: name a file in the job directory itself, e.g. report.json"
             )
@@ -157,54 +170,67 @@ def run_job(
         for name, path in (stage_files or {}).items():
             files[name] = (path.read_bytes(), 0o644)
         write_job_tar(stage / JOB_TAR, pathlib.PurePosixPath(plan.job_dir).name, files, project)
-        fetched_dir = stage / "fetched"
-        fetched_dir.mkdir()
         result = run_playbook(
             playbook,
             inv,
             extravars={
                 "launch_stage_dir": str(stage),
-                "launch_fetch_dir": str(fetched_dir),
                 "launch_job_dir": plan.job_dir,
                 "launch_job_tar": JOB_TAR,
-                "launch_fetch": ["launcher.log", "exit_status", *fetch],
-                "launch_timeout": timeout,
+                "launch_spec": {
+                    "launcher": plan.launcher,
+                    "nodes": list(plan.resources),
+                    "ranks": plan.world_size,
+                    "timeout": timeout or 0,
+                    "fetch": list(fetch),
+                },
             },
             # Only the job's nodes: a node left out (--exclude, degraded.json) is not touched.
             limit=",".join(dict.fromkeys([plan.head, *plan.resources])),
-            timeout=timeout + 180,
+            timeout=STAGE_TIMEOUT,
             console=console,
-        )
-        texts = {
-            name: (fetched_dir / name).read_text(errors="replace")
-            for name in ("launcher.log", "exit_status", *fetch)
-            if (fetched_dir / name).is_file()
-        }
-        log_text = texts.pop("launcher.log", "")
-        # .txt: Ansible reads every other file under an inventory directory as inventory.
-        log_path = inv.directory / "logs" / f"{plan.run_id}.log.txt"
-        atomic_write(log_path, log_text)
-        # Root's record of the exit status (launch.yml), never a file of the job's.
-        status = texts.pop("exit_status", "").strip()
-        rc = int(status) if status.lstrip("-").isdigit() else 1
-        if result.rc != 0 and rc == 0:
-            rc = 1  # the play failed around a job that did not (staging, fetching)
-        lines = log_text.splitlines()
-        cut = rc in (124, 137)  # the time limit ended it: no one rank's failure
-        failure = script_failure(lines, plan.rank_hosts) if rc and not cut else None
-        return JobResult(
-            rc=rc,
-            log_lines=lines,
-            log_path=log_path,
-            fetched=texts,
-            lost_nodes=lost_nodes(lines, plan.rank_hosts) if rc and failure is None else {},
-            failure=failure,
-            signatures=match_signatures(lines, plan.rank_hosts) if rc else [],
-            playbook=result,
-            project=project.describe() if project is not None else "",
         )
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+    lines: list[str] = []
+    end: jobs.JobEnd | None = None
+    if result.rc == 0:
+        if detach:
+            raise jobs.Detached(inv, plan.run_id)
+
+        def line(text: str, at: float) -> None:
+            lines.append(text)
+            if on_line is not None:
+                on_line(text, at)
+
+        try:
+            end = jobs.follow(inv, plan.run_id, on_line=line, on_state=on_state).end
+        except KeyboardInterrupt:
+            raise jobs.Detached(inv, plan.run_id) from None
+    log_text = "".join(f"{text}\n" for text in lines)
+    # .txt: Ansible reads every other file under an inventory directory as inventory.
+    log_path = inv.directory / "logs" / f"{plan.run_id}.log.txt"
+    atomic_write(log_path, log_text)
+    # Root's record of the exit status (the supervisor's), never a file of the job's.
+    texts = dict(end.files) if end is not None else {}
+    status = texts.pop("exit_status", "").strip()
+    rc = int(status) if status.lstrip("-").isdigit() else 1
+    if result.rc != 0 and rc == 0:
+        rc = 1  # the play failed around a job that did not (staging, starting)
+    cut = rc in (124, 137)  # the time limit ended it: no one rank's failure
+    failure = script_failure(lines, plan.rank_hosts) if rc and not cut else None
+    return JobResult(
+        rc=rc,
+        log_lines=lines,
+        log_path=log_path,
+        fetched=texts,
+        lost_nodes=lost_nodes(lines, plan.rank_hosts) if rc and failure is None else {},
+        failure=failure,
+        signatures=match_signatures(lines, plan.rank_hosts) if rc else [],
+        playbook=result,
+        project=project.describe() if project is not None else "",
+        state=end.state if end is not None else {},
+    )
 
 
 def write_launch_set(inv: Inventory, files: LaunchFiles, launcher: str) -> pathlib.Path | None:
@@ -275,13 +301,16 @@ def launch(  # noqa: PLR0913 - how the launch command runs its request, each a k
     stage: bool = True,
     workdir: str | None = None,
     dry_run: bool = False,
-    timeout: int = 3600,
+    timeout: int | None = None,
     mode_files: Mapping[str, pathlib.Path] | None = None,
     out: Console | None = None,
     console: Console | None = None,
     preflight: Preflight | None = None,
     restart: RestartPolicy | None = None,
     check_survivors: CheckSurvivors | None = None,
+    on_line: Callable[[str, float], None] | None = None,
+    on_state: Callable[[dict], None] | None = None,
+    detach: bool = False,
 ) -> tuple[Plan, JobResult | None]:
     """Plan, then (unless dry_run) write the launch files, run `preflight` (doctor) and the
     job. Everything is checked before anything is written; a dry run writes nothing.
@@ -295,7 +324,9 @@ def launch(  # noqa: PLR0913 - how the launch command runs its request, each a k
     checked against this run's nodes before anything is written. Every rank then finds
     DSCLUSTER_RESTART, DSCLUSTER_CHECKPOINT_DIR and DSCLUSTER_CHECKPOINT_TAG (empty with no
     checkpoint), and the job's rank 0 prints `DSCLUSTER_STEP <n>` after each optimizer step
-    for the run record's time from a loss to the resumed first step."""
+    for the run record's time from a loss to the resumed first step. The job runs under
+    the head's supervisor with no time limit unless `timeout`; `on_line`/`on_state` see its
+    output and state live (run_job); `detach` returns once it started (jobs.Detached)."""
     out = out or Console()
     console = console or Console(stderr=True)
     files = render_launch_files(inv)
@@ -349,6 +380,8 @@ def launch(  # noqa: PLR0913 - how the launch command runs its request, each a k
                 fetch=[CHECKPOINT_STATE],
                 timeout=timeout,
                 console=console,
+                on_line=on_line,
+                on_state=on_state,
             ),
             check_survivors=check_survivors,
             console=console,
@@ -362,7 +395,15 @@ def launch(  # noqa: PLR0913 - how the launch command runs its request, each a k
             highlight=False,
         )
     result = run_job(
-        inv, plan, stage_files=stage_files, project=project, timeout=timeout, console=console
+        inv,
+        plan,
+        stage_files=stage_files,
+        project=project,
+        timeout=timeout,
+        console=console,
+        on_line=on_line,
+        on_state=on_state,
+        detach=detach,
     )
     return plan, dataclasses.replace(result, left_out=left_out)
 
