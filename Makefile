@@ -27,7 +27,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 # Python that roles ship to nodes (detectors, recorders), and make cuda-wheel's check (it runs
 # in the build container): linted like python/.
-ROLE_PY = $(wildcard roles/*/files/*.py roles/*/files/*.fact examples/*/*.py plugins/*/*.py) scripts/wheel_ops.py
+ROLE_PY = $(wildcard roles/*/files/*.py roles/*/files/*.fact examples/*/*.py plugins/*/*.py) scripts/wheel_ops.py scripts/bench_stream.py
 
 # Where named inventories live (inventories/<name>/hosts.yml).
 INVENTORIES ?= inventories

@@ -18,7 +18,9 @@
 #      with pip vs uv (install_bench.py on the head, a fresh venv each)
 #   4. time from launch to the first training step: ops pre-built (the cluster venv) vs
 #      JIT-compiled at launch (a throwaway venv on the head with a DeepSpeed built without ops)
-#   5. launch --max-restarts 1 of jobs/resume_job.py with dsc-local-n3 killed after the first
+#   5. stream: from `dscluster launch` to the first step line on its console, and each step
+#      line's delay from the rank's print to the console (scripts/bench_stream.py)
+#   6. launch --max-restarts 1 of jobs/resume_job.py with dsc-local-n3 killed after the first
 #      checkpoint: the time from the loss to the resumed job's first step, and the launch's
 #      whole time (n3 is started again after)
 # BENCH_ONLY="demo reconverge ..." runs only the steps named (see step() below).
@@ -32,7 +34,7 @@ stamp=$(date -u +%Y%m%dT%H%M%SZ)
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 declare -A R
 # BENCH_ONLY="reconverge new_cluster bake": only those steps (nodelist demo reconverge doctor
-# new_cluster bake scale user_layer install first_step restart); empty or unset: all of them.
+# new_cluster bake scale user_layer install first_step stream restart); empty or unset: all of them.
 step() { [ -z "${BENCH_ONLY:-}" ] || [[ " $BENCH_ONLY " == *" $1 "* ]]; }
 # This hour's speed of the cores (a fixed pure-Python workload's CPU ms, best of 5), at the
 # start and the end: figures of runs made on different hours compare in proportion to it.
@@ -264,6 +266,17 @@ run_one() {  # venv, label
 R[first_step_prebuilt_s]=$(run_one /opt/dscluster/venv prebuilt)
 R[first_step_jit_s]=$(run_one /opt/bench-jit jit)
 docker exec "$head" rm -rf /opt/bench-jit /tmp/bench-ext /tmp/bench-job
+fi
+
+if step stream; then
+echo "== launch to the first step line on the console, and each step line's delay (3 ranks)"
+if $BIN/python scripts/bench_stream.py inventories/local 29612 >"$OUT/$stamp-stream.json" 2>"$OUT/$stamp-stream.log"; then
+  for k in launch_to_first_step_s step_line_delay_median_s step_line_delay_max_s; do
+    R[$k]=$($BIN/python -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$OUT/$stamp-stream.json" $k)
+  done
+else
+  R[launch_to_first_step_s]='"failed"'; echo "   stream failed: see $OUT/$stamp-stream.log"
+fi
 fi
 
 # Last: it kills a node of the local cluster (started again before the step ends). The job
