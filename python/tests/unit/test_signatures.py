@@ -12,11 +12,11 @@ from rich.console import Console
 
 from dscluster.errors import DsclusterError
 from dscluster.inventory import load
-from dscluster.launch import run as launch_run
 from dscluster.launch.signatures import SIGNATURES, match_signatures
 from dscluster.smoke import run_smoke
 
 from .clirun import run_cli
+from .jobfake import stand_in
 from .test_failure_report import fake_job
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "signatures"
@@ -130,7 +130,7 @@ def launch_with_log(tmp_path, inventory_dir, monkeypatch, log: list[str], rc: in
     """`dscluster launch` of a script whose job leaves `log` and exits `rc`: (rc, stderr)."""
     script = tmp_path / "train.py"
     script.write_text("pass\n")
-    monkeypatch.setattr(launch_run, "run_playbook", fake_job(log, rc))
+    stand_in(monkeypatch, fake_job(log, rc))
     rc, _, err = run_cli("launch", "-i", str(inventory_dir), "--no-doctor", "--", str(script))
     return rc, err
 
@@ -164,7 +164,7 @@ def test_a_job_that_exits_0_is_not_matched(tmp_path, inventory_dir, monkeypatch,
 
 def smoke_with_log(inventory_dir, monkeypatch, log: list[str], rc: int) -> tuple[str, dict]:
     """run_smoke of a job that leaves `log` and exits `rc`: its error line and JSON report."""
-    monkeypatch.setattr(launch_run, "run_playbook", fake_job(log, rc))
+    stand_in(monkeypatch, fake_job(log, rc))
     inv = load(str(inventory_dir))
     with pytest.raises(DsclusterError) as caught:
         run_smoke(inv, steps=1, console=Console(file=io.StringIO()))
