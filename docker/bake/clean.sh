@@ -65,6 +65,9 @@ rm -f /etc/ssh/ssh_known_hosts
 # The job secrets provision writes (deepspeed_launcher_secret_env_file); provision writes
 # them again on each node started from the image.
 rm -f /var/lib/dscluster/secrets.env
+# Root's job records (the job supervisor's): every job's log, state and outputs, which may
+# hold what a job printed (a token, a path) and are another cluster's history.
+rm -rf /var/lib/dscluster/jobs
 
 # The training user's home, back to /etc/skel: its cluster key, tokens (~/.netrc,
 # ~/.cache/huggingface), shell history, ~/.local (a usercustomize.py or .pth there runs in

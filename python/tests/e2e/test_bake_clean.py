@@ -48,6 +48,8 @@ echo 'ssh-ed25519 AAAA root-bootstrap' > /root/.ssh/authorized_keys
 echo 'ssh-ed25519 AAAA {CANARY}' > /root/.ssh/authorized_keys2
 install -o ds -g ds -m 0600 /dev/null /var/lib/dscluster/secrets.env
 echo 'export HF_TOKEN={CANARY}' > /var/lib/dscluster/secrets.env
+install -d -m 0700 /var/lib/dscluster/jobs/launch-20261207T183000123456
+echo 'rank 0: token {CANARY}' > /var/lib/dscluster/jobs/launch-20261207T183000123456/launcher.log
 install -o ds -g crontab -m 0600 /dev/null /var/spool/cron/crontabs/ds 2>/dev/null \
   || install -o ds -m 0600 /dev/null /var/spool/cron/crontabs/ds
 echo '* * * * * curl {CANARY}' > /var/spool/cron/crontabs/ds
@@ -143,11 +145,12 @@ def test_what_the_training_user_left_goes_and_its_links_are_never_followed(box: 
     )
     assert left.split() == ["/home/other/.ssh:", "/root/.ssh:", "keep-me", "victim", "keeps",
                             "this"], left  # fmt: skip
-    # the job secrets, ds's crontab, what jobs left in the node-local directories: gone; the
-    # directories provisioning made stay, as it made them
+    # the job secrets, root's job records, ds's crontab, what jobs left in the node-local
+    # directories: gone; the directories provisioning made stay, as it made them
     gone = in_box(
         box,
-        "ls -d /var/lib/dscluster/secrets.env /var/spool/cron/crontabs/ds /var/tmp/.hidden "
+        "ls -d /var/lib/dscluster/secrets.env /var/lib/dscluster/jobs /var/spool/cron/crontabs/ds "
+        "/var/tmp/.hidden "
         "2>/dev/null; find /opt/dscluster/torch_extensions /var/lib/dscluster/scratch "
         "-mindepth 1; stat -c '%n %U %a' /var/lib/dscluster/scratch "
         "/opt/dscluster/torch_extensions; true",
