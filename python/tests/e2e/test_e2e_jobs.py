@@ -40,6 +40,15 @@ TICKER = textwrap.dedent(
 )
 
 
+# `python -m dscluster` with SIGINT as a terminal's foreground command has it: make test runs
+# its lanes in the background of a shell, whose children start with SIGINT ignored (POSIX),
+# and Python then leaves it ignored.
+INTERRUPTIBLE = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv[0] = 'dscluster'; runpy.run_module('dscluster', run_name='__main__')"
+)
+
+
 def job_id(text: str) -> str:
     found = re.search(r", run (launch-\S+)", text)
     assert found, text[-3000:]
@@ -65,7 +74,7 @@ def test_output_streams_live_and_ctrl_c_leaves_the_job_running(
 ):
     script = tmp_path / "ticker_live.py"
     script.write_text(TICKER)
-    argv = [sys.executable, "-m", "dscluster", "launch", "-i", str(cluster), "--no-doctor"]
+    argv = [sys.executable, "-c", INTERRUPTIBLE, "launch", "-i", str(cluster), "--no-doctor"]
     argv += ["--master-port", PORT, "--", str(script), "20", "1"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
