@@ -148,6 +148,8 @@ def test_the_controllers_id_rule_is_the_heads():
 
 def test_the_state_schema_is_the_heads():
     assert jobs.STATE_KEYS == job.STATE_KEYS
+    assert (jobs.RUNNING, jobs.RECORD_FILES) == (job.RUNNING, job.RECORD_FILES)
+    assert [jobs.attempt_of(i) for i in (ID, f"{ID}-r1", f"{ID}-r10")] == [1, 2, 11]
     assert tuple(job.new_state({}, ID)) == jobs.STATE_KEYS
 
 

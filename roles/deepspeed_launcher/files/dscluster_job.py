@@ -49,6 +49,8 @@ STATE_KEYS = (
     "stop_requested", "launcher", "nodes", "ranks", "timeout",
 )  # fmt: skip
 STATES = ("starting", "running", "exited", "stopped", "lost")
+# The states of a job whose supervisor has not written its end.
+RUNNING = STATES[:2]
 # The record's own files: never a job output's name.
 RECORD_FILES = ("job.json", "state.json", "launcher.log", "exit_status")
 # How often the state file is rewritten while lines come (the last step it holds).
@@ -314,7 +316,7 @@ def current(rec: str, job_id: str) -> dict | None:
     state = read_json(os.path.join(rec, "state.json"))
     if state is None:
         return None
-    if state.get("state") in ("starting", "running") and not alive(state, job_id):
+    if state.get("state") in RUNNING and not alive(state, job_id):
         state = dict(state, state="lost")
     return state
 
@@ -361,7 +363,7 @@ def follow(job_id: str, offset: int, wait: bool, poll: float = 0.2) -> int:
     partial, said = b"", None
     while True:
         state = current(rec, job_id) or {"state": "starting"}
-        ended = state.get("state") not in ("starting", "running")
+        ended = state.get("state") not in RUNNING
         chunk = read_from(log, pos)
         pos += len(chunk)
         *lines, partial = (partial + chunk).split(b"\n")
@@ -411,7 +413,7 @@ def stop(job_id: str, wait: float) -> int:
     state = current(rec, job_id)
     if state is None:
         raise Refused(f"no job {job_id} on this head; list them with dscluster jobs")
-    if state["state"] not in ("starting", "running"):
+    if state["state"] not in RUNNING:
         raise Refused(f"job {job_id} has ended already ({state['state']}, exit {state.get('rc')})")
     end, sent = time.time() + wait, False
     while time.time() < end:
@@ -420,7 +422,7 @@ def stop(job_id: str, wait: float) -> int:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(state["pid"], signal.SIGTERM)
             sent = True
-        if state["state"] not in ("starting", "running"):
+        if state["state"] not in RUNNING:
             break
         time.sleep(0.5)
         state = current(rec, job_id) or state

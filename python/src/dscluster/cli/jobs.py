@@ -150,7 +150,7 @@ def cmd_stop(args: argparse.Namespace, out: Console, err: Console) -> int:
     inv = load(args.inventory)
     start = time.monotonic()
     state = jobs.stop(inv, args.job)
-    if state.get("state") in ("starting", "running"):
+    if state.get("state") in jobs.RUNNING:
         raise DsclusterError(
             f"{args.job}: still running {round(time.monotonic() - start)} s after SIGTERM; "
             f"see dscluster logs -i {shlex.quote(str(inv.source))} {args.job} --tail 50"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import re
 import sys
 import time
 
@@ -13,7 +12,7 @@ from rich.console import Console
 from .. import validate
 from ..errors import DsclusterError
 from ..launch import LAUNCHERS
-from ..launch.jobs import Detached
+from ..launch.jobs import Detached, attempt_of
 from ..launch.signatures import Match
 from ..launch.watch import ScriptFailure, time_limit_note
 from . import flags
@@ -260,7 +259,7 @@ class _Status:
             if isinstance(started, int | float)
             else "-"
         )
-        attempt = int(m[1]) + 1 if (m := re.search(r"-r(\d+)$", job)) else 1
+        attempt = attempt_of(job)
         step = state.get("last_step")
         self.err.print(
             f"[{job}: {state.get('state')}, attempt {attempt}, {len(state.get('nodes') or [])} "

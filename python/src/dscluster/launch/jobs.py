@@ -30,7 +30,12 @@ STATE_KEYS = (
     "schema", "id", "state", "rc", "pid", "started", "ended", "last_step", "first_step_at",
     "stop_requested", "launcher", "nodes", "ranks", "timeout",
 )  # fmt: skip
-ENDED = ("exited", "stopped", "lost")
+# The states of a job still under way (dscluster_job.py RUNNING).
+RUNNING = ("starting", "running")
+# The record's own files (dscluster_job.py RECORD_FILES): never a job output's name.
+RECORD_FILES = ("job.json", "state.json", "launcher.log", "exit_status")
+# A restart's id: the launch's id and -rN (restart.py names attempts so).
+RESTART_RE = re.compile(r"-r(\d+)$")
 # dscluster_job.py's ID_RE: launch-/smoke- + UTC time to the microsecond (+ -rN: a restart).
 JOB_ID_RE = re.compile(r"[a-z][a-z0-9]*-[0-9]{8}T[0-9]{6,12}(?:-[a-z0-9]{1,8})?")
 
@@ -227,7 +232,13 @@ def check_job_id(job_id: str) -> str:
 
 def launch_of(job_id: str) -> str:
     """The launch an attempt belongs to (restart N runs as ID-rN)."""
-    return re.sub(r"-r\d+$", "", job_id)
+    return RESTART_RE.sub("", job_id)
+
+
+def attempt_of(job_id: str) -> int:
+    """The attempt's number, from 1 (restart N is attempt N + 1)."""
+    m = RESTART_RE.search(job_id)
+    return int(m[1]) + 1 if m else 1
 
 
 def by_launch(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -236,8 +247,8 @@ def by_launch(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     launches: dict[str, dict[str, Any]] = {}
     # by start, so the last attempt's state is the one on top (names sort -r10 before -r2)
     for rec in sorted(records, key=lambda r: float(r.get("started") or 0)):
-        job_id = str(rec.get("id", ""))
-        entry = launches.setdefault(launch_of(job_id), {"id": launch_of(job_id), "attempts": []})
+        launch = launch_of(str(rec.get("id", "")))
+        entry = launches.setdefault(launch, {"id": launch, "attempts": []})
         entry["attempts"].append({k: rec.get(k) for k in ("id", "state", "rc", "started", "ended")})
         entry.update({k: rec.get(k) for k in STATE_KEYS if k != "id"})
     return sorted(launches.values(), key=lambda e: float(e["attempts"][0].get("started") or 0))

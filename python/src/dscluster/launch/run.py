@@ -42,8 +42,6 @@ from .workdir import JOB_FILE_NAMES, JOB_TAR, Project, check_names, project_for,
 
 # Seconds for staging and starting a job (launch.yml); the job itself has no bound.
 STAGE_TIMEOUT = 900
-# The head's job record's own files (dscluster_job.py RECORD_FILES): never an output's name.
-RECORD_FILES = ("job.json", "state.json", "launcher.log", "exit_status")
 # A job output brought back: one plain name in the job directory.
 FETCH_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
@@ -160,7 +158,7 @@ def run_job(  # noqa: PLR0913 - the job, where its output goes, each a keyword
         raise DsclusterError(f"--timeout {timeout}: give the job at least one second, e.g. 600")
     for name in fetch:
         # The supervisor copies each into the head's job record under this name.
-        if not FETCH_NAME.fullmatch(name) or name in RECORD_FILES:
+        if not FETCH_NAME.fullmatch(name) or name in jobs.RECORD_FILES:
             raise DsclusterError(
                 f"output {name!r}: name a file in the job directory itself, e.g. report.json"
             )
