@@ -1,6 +1,7 @@
 """Attacks by the training user on what `dscluster launch` judges (SECURITY.md), on the shared
 e2e cluster: a process an earlier job left behind forges the next jobs' async status, exit
-status and report, and another local user tries to read a job's log. The verdict must be
+status and report, a job swaps its restart planner, and another local user tries to read a
+job's log. The verdict must be
 root's record on the head (launch.yml), and the job area the training user's alone."""
 
 from __future__ import annotations
@@ -58,12 +59,24 @@ while time.time() < end:
 
 
 # A job that prints the supervisor's frames itself (an end saying exit 0, a line at an offset
-# far ahead), then fails: what the controller reports is still the job's own exit, 4.
+# far ahead), then fails: what the controller reports is still the job's own exit, 4. It also
+# swaps the restart planner staged in its job directory (the training user's) for one that
+# plans a run outside the jobs directory on a node the launch never had: root refuses the plan
+# and the launch stops, it does not restart.
 FRAME_FORGER = """\
-import json, os, sys
+import glob, json, os, sys
 end = {"end": {"state": "exited", "rc": 0}, "files": {"exit_status": "0\\n"}}
 os.write(1, (json.dumps(end) + "\\n").encode())
 os.write(1, b'{"o": "forged", "at": 999999999}\\n')
+plan = {"run_id": "../../../root/pwn", "nodes": ["evil"], "ranks": 1, "resumed_from": ""}
+for path in glob.glob("/shared/dscluster/jobs/*/dscluster_replan.pyz"):
+    try:
+        with open(path, "w") as f:
+            f.write("import os, contextlib\\n")
+            f.write("with contextlib.suppress(OSError):\\n    os.makedirs('/root/pwn')\\n")
+            f.write("print(%r)\\n" % json.dumps(plan))
+    except OSError:
+        pass
 sys.exit(4)
 """
 
@@ -109,18 +122,27 @@ def test_a_leftover_job_process_cannot_forge_the_next_jobs_verdict(
         assert cut.returncode != 0, cut.stdout[-3000:] + cut.stderr[-3000:]
         line = cut.stderr.strip().splitlines()[-1]
         assert "smoke job exited 124 (root's record on the head) though its own" in line, line
-        # a job printing the supervisor's own frames cannot end or judge the stream
+        # a job printing the supervisor's own frames cannot end or judge the stream, and its
+        # planner, swapped, cannot steer root's restart
         framed = tmp_path / "frames.py"
         framed.write_text(FRAME_FORGER)
         forged = dsc(
             "launch", "-i", str(provisioned), "--launcher", "mpi", "--timeout", "120",
-            "--no-doctor", "--master-port", "29523", "--", str(framed), timeout=300,
+            "--no-doctor", "--master-port", "29523", "--max-restarts", "1", "--retry-on-error",
+            "--", str(framed), timeout=300,
         )  # fmt: skip
         assert forged.returncode == 4, forged.stdout[-3000:] + forged.stderr[-3000:]
         assert '{"end": {"state": "exited", "rc": 0}' in forged.stdout
+        line = forged.stderr.strip().splitlines()[-1]
+        assert "stopped: the restart cannot be planned: the restart planner made run " in line
         listed = dsc("jobs", "-i", str(provisioned), "--json", timeout=120)
         record = {j["id"]: j for j in json.loads(listed.stdout)["jobs"]}[run_id(forged)]
         assert (record["state"], record["rc"]) == ("exited", 4), record
+        assert len(record["attempts"]) == 1 and record["stopped"].startswith(
+            "the restart cannot be planned: the restart planner made run '../../../root/pwn'"
+        ), record
+        # the forged planner ran as ds: root's home is not its to write
+        assert on(HEAD, "test ! -e /root/pwn && echo absent").stdout.strip() == "absent"
         # the forger was at work in both job directories the whole time
         for proc, status in ((failed, "3"), (passed, "0")):
             run = run_id(proc)

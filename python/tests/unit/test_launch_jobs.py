@@ -151,6 +151,8 @@ def test_the_state_schema_is_the_heads():
     assert (jobs.RUNNING, jobs.RECORD_FILES) == (job.RUNNING, job.RECORD_FILES)
     assert [jobs.attempt_of(i) for i in (ID, f"{ID}-r1", f"{ID}-r10")] == [1, 2, 11]
     assert tuple(job.new_state({}, ID)) == jobs.STATE_KEYS
+    assert set(jobs.ATTEMPT_SHOWN) <= set(job.ATTEMPT_KEYS)
+    assert tuple(job.new_attempt(0, ID, "/j", [], 1, "")) == job.ATTEMPT_KEYS
 
 
 def record(job_id: str, state: str, started: float, rc=None, **more) -> dict:
@@ -177,6 +179,24 @@ def test_by_launch_groups_the_attempts_of_a_launch():
     ]
     assert set(launch) == {*jobs.STATE_KEYS, "attempts"}
     assert jobs.by_launch([]) == []
+
+
+def test_by_launch_lists_the_attempts_one_supervisor_kept():
+    """launch --max-restarts: one record, its attempts in the supervisor's state."""
+    rec = record(ID, "running", 100.0, nodes=["a", "b"], last_step=12)
+    rec["attempts"] = [
+        {"run_id": ID, "nodes": ["a", "b", "c"], "rc": 1, "started": 100.0, "ended": 150.0,
+         "ended_why": "lost nodes c"},
+        {"run_id": f"{ID}-r1", "nodes": ["a", "b"], "rc": None, "started": 160.0,
+         "ended": None, "ended_why": ""},
+    ]  # fmt: skip
+    (entry,) = jobs.by_launch([rec])
+    assert set(entry["attempts"][0]) == {"id", "state", *jobs.ATTEMPT_SHOWN}
+    assert [(a["id"], a["state"], a["ended_why"]) for a in entry["attempts"]] == [
+        (ID, "exited", "lost nodes c"),
+        (f"{ID}-r1", "running", ""),
+    ]
+    assert entry["state"] == "running" and entry["nodes"] == ["a", "b"]
 
 
 def test_by_launch_takes_an_old_record_without_a_state():
@@ -431,16 +451,6 @@ def test_cli_refuses_bad_arguments_in_one_line_before_any_contact(tmp_path, no_c
 def test_cli_logs_without_a_job_is_refused(tmp_path, no_contact):
     line = one_line_error(run_main("logs", "-i", str(tmp_path)), 2)
     assert "job" in line
-
-
-def test_launch_detach_with_max_restarts_is_refused(tmp_path, inventory_dir, no_contact):
-    script = tmp_path / "x.py"
-    script.write_text("pass\n")
-    before = sorted(p.name for p in inventory_dir.iterdir())
-    argv = ["launch", "-i", str(inventory_dir), "--detach", "--max-restarts", "1"]
-    line = one_line_error(run_main(*argv, "--", str(script)), 2)
-    assert "--detach with --max-restarts" in line
-    assert sorted(p.name for p in inventory_dir.iterdir()) == before
 
 
 def test_cli_jobs_logs_and_stop_against_the_head(tmp_path, inventory_dir, head, capsys):

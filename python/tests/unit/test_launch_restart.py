@@ -4,7 +4,6 @@ read), the watcher's times and the run record."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import pathlib
@@ -15,26 +14,21 @@ import tarfile
 import pytest
 from rich.console import Console
 
+from dscluster.cli.launch import attempts_table
 from dscluster.errors import DsclusterError
 from dscluster.hostfile import render_hostfile
 from dscluster.jobs import launch_watch
 from dscluster.launch import LAUNCHERS, JobSite, LaunchRequest, build_plan
-from dscluster.launch import run as launch_run
-from dscluster.launch.exclude import request_without, site_without
 from dscluster.launch.restart import (
     CHECKPOINT_STATE,
     FIRST_STEP_RE,
-    RestartPolicy,
     RunRecord,
-    attempts_table,
+    attempts_from,
     complete_tag,
-    decide,
-    run_with_restarts,
     shards_complete,
     steps_of,
     tag_from_state,
 )
-from dscluster.launch.watch import ScriptFailure
 from dscluster.runner import PlaybookResult
 
 from .clirun import one_line_error, run_cli, run_main
@@ -243,219 +237,61 @@ def test_the_watcher_says_when_it_saw_the_first_step_and_writes_the_state(tmp_pa
     assert not (tmp_path / CHECKPOINT_STATE).exists()
 
 
-# ---------------------------------------------------------------- the loop, run_job stood in
+# ---------------------------------------------------------------- the record, from root's
+# (the supervisor's decisions and the planner: test_job_restarts.py)
 
 
-def job(rc=0, lost=None, failure=None, lines=(), tag="") -> launch_run.JobResult:
-    fetched = {}
-    if tag:
-        fetched[CHECKPOINT_STATE] = json.dumps({"latest": tag, "tag_entries": 2})
-    return launch_run.JobResult(
-        rc=rc,
-        log_lines=list(lines),
-        log_path=pathlib.Path("/inv/logs/x.log.txt"),
-        fetched=fetched,
-        lost_nodes=dict(lost or {}),
-        playbook=PlaybookResult(status="successful", rc=0, hosts={}, failures=[]),
-        failure=failure,
-    )
+def root_attempt(n: int, nodes, ended_why: str, **more) -> dict:
+    """An attempt as the supervisor's state.json has it (dscluster_job.py ATTEMPT_KEYS)."""
+    return {
+        "restart": n, "run_id": "launch-1" + (f"-r{n}" if n else ""), "dir": "/j",
+        "nodes": list(nodes), "ranks": 2 * len(nodes), "started": 1000.0 + 100 * n,
+        "ended": 1050.0 + 100 * n, "rc": 0 if ended_why == "ok" else 1, "ended_why": ended_why,
+        "lost": {}, "resumed_from": "", "tag_at_end": "", "steps": None, "log_from": 0,
+        "first_step_at": None, **more,
+    }  # fmt: skip
 
 
-FAILURE = ScriptFailure([0], ["h1"], "h1: a rank exited with code 1")
-
-
-class Loop:
-    """run_with_restarts with plans built as launch builds them and results handed in."""
-
-    def __init__(self, results, *, shared=True, failing=None, **policy):
-        self.results = list(results)
-        self.plans: list = []
-        self.checked: list[list[str]] = []
-        self.failing = failing or {}
-        self.policy = RestartPolicy(**{"max_restarts": 3, **policy})
-        self.record = RunRecord(
-            launch_id="launch-1",
-            checkpoint_dir="/shared/ckpt/launch-1",
-            checkpoints_shared=shared,
-            max_restarts=self.policy.max_restarts,
-            min_nodes=self.policy.min_nodes,
-            retry_on_error=self.policy.retry_on_error,
-        )
-        self.clock = iter(range(1000, 2000, 10))
-
-    def plan(self, run_id, left, env):
-        where = site(run_id=run_id, job_env=env)
-        req = request()
-        if left:
-            where = site_without(where, left)
-            req = request_without(req, where.pool, left)
-        p = build_plan(req, where)
-        self.plans.append(p)
-        return p
-
-    def check(self, hosts):
-        self.checked.append(list(hosts))
-        return {h: why for h, why in self.failing.items() if h in hosts}
-
-    def run(self):
-        return run_with_restarts(
-            self.policy,
-            self.record,
-            head="h1",
-            plan_attempt=self.plan,
-            run=lambda plan: self.results.pop(0),
-            check_survivors=self.check,
-            left_out={},
-            console=Console(file=open(os.devnull, "w")),
-            now=lambda: float(next(self.clock)),
-        )
-
-    def env(self, i: int) -> str:
-        return self.plans[i].files[".deepspeed_env"][0]
-
-
-LOST_N3 = {"h3": "ssh exited with code 255"}
-
-
-def test_a_lost_node_relaunches_without_it_from_the_last_checkpoint():
-    loop = Loop(
-        [
-            job(1, LOST_N3, tag="global_step4", lines=["dscluster: noticed the loss at 1005.5"]),
-            job(0, lines=["dscluster: first DSCLUSTER_STEP 5 at 1042.0"], tag="global_step10"),
-        ]
-    )
-    _, result = loop.run()
-    assert result.rc == 0 and loop.record.stopped == ""
-    assert [list(p.resources) for p in loop.plans] == [["h1", "h2", "h3"], ["h1", "h2"]]
-    assert [p.run_id for p in loop.plans] == ["launch-1", "launch-1-r1"]
-    assert loop.plans[1].files["hostfile"][0] == "h1 slots=2\nh2 slots=2\n"
-    assert loop.checked == [["h1", "h2"]]  # doctor on the survivors alone
-    assert "DSCLUSTER_RESTART=0\n" in loop.env(0) and "DSCLUSTER_CHECKPOINT_TAG=\n" in loop.env(0)
-    assert "DSCLUSTER_RESTART=1\n" in loop.env(1)
-    assert "DSCLUSTER_CHECKPOINT_TAG=global_step4\n" in loop.env(1)
-    assert "DSCLUSTER_CHECKPOINT_DIR=/shared/ckpt/launch-1\n" in loop.env(1)
-    first, second = loop.record.attempts
-    assert (first.ended_why, first.tag_at_end, first.steps) == ("lost nodes h3", "global_step4", 4)
+def test_the_record_takes_roots_attempts_and_the_watchers_times():
+    states = [
+        root_attempt(0, ["h1", "h2", "h3"], "lost nodes h3", lost={"h3": "gone"},
+                     tag_at_end="global_step4", steps=4),
+        root_attempt(1, ["h1", "h2"], "ok", resumed_from="global_step4"),
+    ]  # fmt: skip
+    lines = [
+        ["dscluster: noticed the loss at 1005.5"],
+        ["dscluster: first DSCLUSTER_STEP 5 at 1042.0"],
+    ]
+    last = json.dumps({"latest": "global_step10", "tag_entries": 2})
+    first, second = attempts_from(states, lines, ["/l/0", "/l/1"], last)
+    assert (first.ended_why, first.tag_at_end, first.steps, first.log) == (
+        "lost nodes h3", "global_step4", 4, "/l/0",
+    )  # fmt: skip
     assert first.loss_at == 1005.5  # the watcher's notice, not the attempt's end
     assert (second.resumed_from, second.tag_at_end, second.steps) == (
-        "global_step4",
-        "global_step10",
-        10,
-    )
+        "global_step4", "global_step10", 10,
+    )  # fmt: skip
     assert second.first_step_at == 1042.0 and second.recovery_s == 36.5
 
 
 def test_the_loss_time_falls_back_to_the_attempts_end():
-    loop = Loop([job(1, LOST_N3), job(0, lines=["dscluster: first DSCLUSTER_STEP 1 at 1050.0"])])
-    loop.run()
-    first, second = loop.record.attempts
-    assert first.loss_at == first.ended == 1010.0 and second.recovery_s == 40.0
-    # no checkpoint yet: the restart starts over
-    assert second.resumed_from == "" and "DSCLUSTER_CHECKPOINT_TAG=\n" in loop.env(1)
-
-
-def test_a_checkpoint_the_lost_node_did_not_finish_is_not_resumed_from():
-    """The 2-node attempt leaves `latest` at global_step9 with 3 of its 4 ranks' ZeRO shards
-    (h2 lost mid-save): the next attempt resumes from global_step6, the one it had."""
-    cut = {"latest": "global_step9", "tag_entries": 4, "zero_shards": [[0, 0, 9], [1, 0, 9]]}
-    cut["zero_shards"].append([2, 0, 9])
-    second = dataclasses.replace(
-        job(1, {"h2": "ssh exited with code 255"}), fetched={CHECKPOINT_STATE: json.dumps(cut)}
+    states = [root_attempt(0, ["h1", "h3"], "lost nodes h3", lost={"h3": "gone"}),
+              root_attempt(1, ["h1"], "ok")]  # fmt: skip
+    first, second = attempts_from(
+        states, [[], ["dscluster: first DSCLUSTER_STEP 1 at 1090.0"]], ["a", "b"], ""
     )
-    loop = Loop([job(1, LOST_N3, tag="global_step6"), second, job(0)], max_restarts=2)
-    loop.run()
-    assert [p.world_size for p in loop.plans] == [6, 4, 2]
-    a0, a1, a2 = loop.record.attempts
-    assert (a0.tag_at_end, a1.resumed_from, a1.tag_at_end) == ("global_step6", "global_step6", "")
-    assert a2.resumed_from == "global_step6"
-    assert "DSCLUSTER_CHECKPOINT_TAG=global_step6\n" in loop.env(2)
-
-
-def test_a_lost_head_stops_at_once():
-    loop = Loop([job(1, {"h1": "ssh exited with code 255"})])
-    _, result = loop.run()
-    assert result.rc == 1 and len(loop.plans) == 1 and loop.checked == []
-    assert loop.record.stopped.startswith("lost the head h1 (ssh exited with code 255)")
-
-
-def test_fewer_nodes_than_min_nodes_stops():
-    loop = Loop([job(1, LOST_N3)], min_nodes=3)
-    loop.run()
-    assert len(loop.plans) == 1
-    assert loop.record.stopped == (
-        "2 node(s) left (h1, h2) after losing h3, fewer than --min-nodes 3"
-    )
-
-
-def test_doctor_failing_a_survivor_leaves_it_out_or_stops_under_min_nodes():
-    loop = Loop([job(1, LOST_N3), job(0)], failing={"h2": "shm: small"})
-    loop.run()
-    assert list(loop.plans[1].resources) == ["h1"]
-    loop = Loop([job(1, LOST_N3)], failing={"h2": "shm: small"}, min_nodes=2)
-    loop.run()
-    assert len(loop.plans) == 1 and "once doctor leaves out h2" in loop.record.stopped
-    loop = Loop([job(1, LOST_N3)], failing={"h1": "ports"})
-    loop.run()
-    assert loop.record.stopped == "doctor fails the head h1 (ports)"
-
-
-def test_max_restarts_are_counted():
-    loop = Loop([job(1, LOST_N3), job(1, {"h2": "ssh exited with code 255"})], max_restarts=1)
-    _, result = loop.run()
-    assert len(loop.plans) == 2 and result.lost_nodes == {"h2": "ssh exited with code 255"}
-    assert loop.record.stopped == "1 of --max-restarts 1 used"
-
-
-def test_a_script_error_is_not_retried_unless_asked():
-    loop = Loop([job(1, failure=FAILURE)])
-    loop.run()
-    assert len(loop.plans) == 1
-    assert loop.record.stopped == "a script error is not retried (--retry-on-error retries it)"
-    assert loop.record.attempts[0].ended_why == "script error"
-    loop = Loop([job(1, failure=FAILURE, tag="global_step2"), job(0)], retry_on_error=True)
-    loop.run()
-    # the same nodes again, from the checkpoint
-    assert [list(p.resources) for p in loop.plans] == [["h1", "h2", "h3"]] * 2
-    assert "DSCLUSTER_CHECKPOINT_TAG=global_step2\n" in loop.env(1)
-
-
-def test_the_time_limit_and_other_failures_are_not_retried():
-    for rc in (124, 137):
-        loop = Loop([job(rc, LOST_N3)], retry_on_error=True)
-        loop.run()
-        assert len(loop.plans) == 1 and loop.record.attempts[0].ended_why == "time limit"
-        assert loop.record.stopped == "the time limit (--timeout) is not retried"
-    loop = Loop([job(2)])  # staging broke: no node lost, no script error
-    loop.run()
-    assert len(loop.plans) == 1 and loop.record.stopped == ""
-    assert loop.record.attempts[0].ended_why == "exited 2"
-
-
-def test_node_local_checkpoints_are_not_resumed_after_a_lost_node():
-    loop = Loop([job(1, LOST_N3, tag="global_step4"), job(0)], shared=False)
-    loop.run()
-    assert "DSCLUSTER_CHECKPOINT_TAG=\n" in loop.env(1)
-
-
-def test_a_restart_that_cannot_be_planned_stops_with_why():
-    loop = Loop([job(1, LOST_N3)])
-    real = loop.plan
-
-    def plan(run_id, left, env):
-        if left:
-            raise DsclusterError("--num-nodes 3 needs 3 nodes")
-        return real(run_id, left, env)
-
-    loop.plan = plan  # type: ignore[method-assign]
-    _, result = loop.run()
-    assert result.rc == 1
-    assert loop.record.stopped == "the restart cannot be planned: --num-nodes 3 needs 3 nodes"
+    assert first.loss_at == first.ended == 1050.0 and second.recovery_s == 40.0
+    assert second.tag_at_end == "" and second.steps is None
 
 
 def test_the_record_is_json_beside_the_logs_and_a_table(tmp_path):
-    loop = Loop([job(1, LOST_N3, tag="global_step4"), job(0, tag="global_step10")])
-    loop.run()
-    path = loop.record.write(tmp_path / "reports")
+    record = RunRecord("launch-1", "/shared/ckpt/launch-1", True, 3, 1, False)
+    record.attempts = attempts_from(
+        [root_attempt(0, ["h1", "h2", "h3"], "lost nodes h3", tag_at_end="global_step4"),
+         root_attempt(1, ["h1", "h2"], "ok", resumed_from="global_step4")],
+        [[], []], ["a", "b"], json.dumps({"latest": "global_step10", "tag_entries": 2}),
+    )  # fmt: skip
+    path = record.write(tmp_path / "reports")
     assert path == tmp_path / "reports" / "launch-1.json"
     data = json.loads(path.read_text())
     assert data["path"] == str(path) and data["checkpoint_dir"] == "/shared/ckpt/launch-1"
@@ -465,16 +301,9 @@ def test_the_record_is_json_beside_the_logs_and_a_table(tmp_path):
     assert a1["run_id"] == "launch-1-r1" and a1["resumed_from"] == "global_step4"
     assert a1["steps"] == 10 and a0["started_utc"].startswith("1970-01-01T00:16:40")
     console = Console(width=200, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
-    console.print(attempts_table(loop.record))
+    console.print(attempts_table(record))
     text = console.export_text()
     assert "lost nodes h3" in text and "launch-1-r1" in text and "global_step10" in text
-
-
-def test_decide_is_pure():
-    policy = RestartPolicy(max_restarts=1)
-    assert decide(policy, job(0), ["h1"], "h1", 0).relaunch is False
-    d = decide(policy, job(1, LOST_N3), ["h1", "h2", "h3"], "h1", 0)
-    assert d.relaunch and d.nodes == ["h1", "h2"]
 
 
 # ---------------------------------------------------------------- the command line
@@ -534,8 +363,10 @@ def test_a_dry_run_shows_the_restart_variables(tmp_path, inventory_dir):
 
 
 def test_launch_restarts_and_writes_the_record(tmp_path, inventory_dir, monkeypatch):
-    """In process, with the playbook stood in: node-c lost once, then the job ends; the
-    second run's hostfile lacks it, the record and table name both attempts."""
+    """In process, with the playbook and the head stood in: the job is staged once with the
+    supervisor's restart policy and the planner; root's record says node-c was lost once and
+    the job ended on the others; each attempt's lines go to a log of its own, the record and
+    the table name both attempts, the last line the second attempt's run."""
     script = tmp_path / "train.py"
     script.write_text("pass\n")
     staged: list[dict] = []
@@ -546,16 +377,26 @@ def test_launch_restarts_and_writes_the_record(tmp_path, inventory_dir, monkeypa
         with tarfile.open(tar_path) as tar:
             for m in tar.getmembers():
                 if m.isfile():
-                    files[m.name.split("/")[-1]] = tar.extractfile(m).read().decode()
-        staged.append({"limit": limit, **files})
+                    files[m.name.split("/")[-1]] = tar.extractfile(m).read()
+        staged.append({"limit": limit, "spec": extravars["launch_spec"], **files})
+        run_id = pathlib.PurePosixPath(extravars["launch_job_dir"]).name
         fetched = pathlib.Path(extravars["launch_fetch_dir"])
-        first = len(staged) == 1
-        (fetched / "launcher.log").write_text(
-            "pdsh@node-a: node-c: ssh exited with exit code 255\n" if first else "done\n"
-        )
-        (fetched / "exit_status").write_text("1\n" if first else "0\n")
-        state = {"latest": "global_step2" if first else "global_step6", "tag_entries": 3}
+        first = "pdsh@node-a: node-c: ssh exited with exit code 255\n"
+        second = "dscluster: first DSCLUSTER_STEP 3 at 1130.0\ndone\n"
+        (fetched / "launcher.log").write_text(first + second)
+        (fetched / "exit_status").write_text("0\n")
+        state = {"latest": "global_step6", "tag_entries": 3}
         (fetched / CHECKPOINT_STATE).write_text(json.dumps(state))
+        attempts = [
+            root_attempt(0, ["node-a", "node-b", "node-c"], "lost nodes node-c",
+                         lost={"node-c": "its name does not resolve"},
+                         tag_at_end="global_step2", steps=2),
+            root_attempt(1, ["node-a", "node-b"], "ok", resumed_from="global_step2",
+                         log_from=len(first)),
+        ]  # fmt: skip
+        for a in attempts:
+            a["run_id"] = run_id + (f"-r{a['restart']}" if a["restart"] else "")
+        (fetched / "state.json").write_text(json.dumps({"attempts": attempts, "stopped": ""}))
         return PlaybookResult(status="successful", rc=0, hosts={}, failures=[])
 
     stand_in(monkeypatch, run_playbook)
@@ -566,22 +407,52 @@ def test_launch_restarts_and_writes_the_record(tmp_path, inventory_dir, monkeypa
     assert rc == 0, err
     # --checkpoint-dir: the user's shared directory, so no node-local warning
     assert "node-local" not in err
-    assert "export DSCLUSTER_CHECKPOINT_DIR=/mnt/ck/run1\n" in staged[0]["torchrun_node.sh"]
-    assert [s["limit"] for s in staged] == ["node-a,node-b,node-c", "node-a,node-b"]
-    assert "node-c" not in staged[1]["hostfile"]
-    assert "export DSCLUSTER_CHECKPOINT_TAG=global_step2\n" in staged[1]["torchrun_node.sh"]
-    assert "launch: restart 1 of 1: 2 nodes" in err and "resuming from global_step2" in err
+    (once,) = staged  # one play: the restarts are the supervisor's
+    assert b"export DSCLUSTER_CHECKPOINT_DIR=/mnt/ck/run1\n" in once["torchrun_node.sh"]
+    assert once["limit"] == "node-a,node-b,node-c"
+    assert once["spec"]["restart"] == {
+        "max_restarts": 1, "min_nodes": 1, "retry_on_error": False, "head": "node-a",
+        "pool": ["node-a", "node-b", "node-c"], "left": {},
+    }  # fmt: skip
+    replan = json.loads(once["replan.json"])
+    assert replan["checkpoint_dir"] == "/mnt/ck/run1" and replan["staged"] == ["train.py"]
+    assert replan["request"]["launcher"] == "torchrun" and replan["push"] is True
+    assert once["dscluster_replan.pyz"][:2] == b"PK"
     (record,) = (inventory_dir / "reports").glob("launch-*.json")
     data = json.loads(record.read_text())
+    launch_id = data["launch_id"]
     assert [a["ended_why"] for a in data["attempts"]] == ["lost nodes node-c", "ok"]
+    assert [a["run_id"] for a in data["attempts"]] == [launch_id, f"{launch_id}-r1"]
+    assert data["attempts"][1]["tag_at_end"] == "global_step6"
+    assert data["attempts"][1]["recovery_s"] == 80.0  # from the end of attempt 0 (no notice)
+    logs = [pathlib.Path(a["log"]).read_text() for a in data["attempts"]]
+    assert logs == ["pdsh@node-a: node-c: ssh exited with exit code 255\n",
+                    "dscluster: first DSCLUSTER_STEP 3 at 1130.0\ndone\n"]  # fmt: skip
     last = err.strip().splitlines()[-1]
-    assert "job exited 0" in last and f"2 attempt(s); run record {record}" in last
+    assert f"launch {launch_id}-r1: job exited 0; log {data['attempts'][1]['log']}" in last
+    assert f"2 attempt(s); run record {record}" in last
     # the table's rows whole: run ids and node lists are not cut
     rows = [line for line in err.splitlines() if line.startswith("│")]
     assert "node-a,node-b,node-c" in rows[0] and "lost nodes node-c" in rows[0]
-    assert f"{data['launch_id']}-r1 " in rows[1] and "global_step2" in rows[1]
+    assert f"{launch_id}-r1 " in rows[1] and "global_step2" in rows[1]
     # the inventory's own hostfile keeps node-c
     assert "node-c" in (inventory_dir / "hostfile").read_text()
+
+
+def test_a_restart_launch_can_detach(tmp_path, inventory_dir, monkeypatch):
+    """--detach with --max-restarts: the supervisor restarts, so the launch may go."""
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+
+    def run_playbook(playbook, inv, *, extravars, limit=None, **kw):
+        assert extravars["launch_spec"]["restart"]["max_restarts"] == 2
+        return PlaybookResult(status="successful", rc=0, hosts={}, failures=[])
+
+    stand_in(monkeypatch, run_playbook)
+    argv = ["launch", "-i", str(inventory_dir), "--no-doctor", "--max-restarts", "2", "--detach"]
+    rc, _, err = run_cli(*argv, "--", str(script))
+    assert rc == 0, err
+    assert "dscluster logs" in err and not (inventory_dir / "reports").exists()
 
 
 def test_node_local_checkpoints_are_said_once(tmp_path, inventory_dir, monkeypatch):

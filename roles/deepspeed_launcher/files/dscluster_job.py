@@ -20,6 +20,15 @@ training user's processes never write there, so what `dscluster jobs`, `logs` an
 report is root's. The launcher runs as the training user (runuser: its PAM limits), in the
 job directory, under `timeout` only when the spec gives one.
 
+With a `restart` part in the spec (launch --max-restarts) the supervisor also recovers the job,
+with no controller attached. When an attempt ends non-zero, root probes the sshd of each of its
+nodes itself (probe: a node that sends no SSH banner within PROBE_TIMEOUT is lost) and decides
+from that and the exit status alone (decide). A restart is planned as the training user, by
+the controller's own planner staged with the job (dscluster_replan.pyz, run with the head's
+/usr/bin/python3 -I -S): it writes the next attempt's job directory and prints what it made,
+which root checks and records but never runs as itself. Each attempt is in state.json's
+`attempts` (ATTEMPT_KEYS), its first byte in launcher.log at `log_from`.
+
 `follow` frames every line as JSON ({"o": text, "t": head time, "at": offset after it}), so a
 job that prints what looks like the end cannot end or judge the stream; the last frame is
 {"end": state, "files": {name: text}}. Only the standard library, run with -I.
@@ -33,9 +42,11 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 RECORDS = "/var/lib/dscluster/jobs"
 SELF = "/opt/dscluster/bin/dscluster_job.py"
@@ -46,7 +57,13 @@ ID_RE = re.compile(r"[a-z][a-z0-9]*-[0-9]{8}T[0-9]{6,12}(?:-[a-z0-9]{1,8})?")
 STEP_RE = re.compile(r"\bDSCLUSTER_STEP (\d+)\b")
 STATE_KEYS = (
     "schema", "id", "state", "rc", "pid", "started", "ended", "last_step", "first_step_at",
-    "stop_requested", "launcher", "nodes", "ranks", "timeout",
+    "stop_requested", "launcher", "nodes", "ranks", "timeout", "run_id", "dir", "attempts",
+    "stopped",
+)  # fmt: skip
+# One attempt in state.json's `attempts` (launch --max-restarts: one per run of launch.sh).
+ATTEMPT_KEYS = (
+    "restart", "run_id", "dir", "nodes", "ranks", "started", "ended", "rc", "ended_why",
+    "lost", "resumed_from", "tag_at_end", "steps", "log_from", "first_step_at",
 )  # fmt: skip
 STATES = ("starting", "running", "exited", "stopped", "lost")
 # The states of a job whose supervisor has not written its end.
@@ -58,6 +75,17 @@ STATE_EVERY = 2.0
 # A line longer than this is cut in the frame (the log keeps it whole).
 FRAME_MAX = 64 * 1024
 FETCH_MAX = 4 * 1024 * 1024
+# A node's sshd, as root probes it after an attempt ended (the cluster's ssh port).
+SSH_PORT = 22
+PROBE_TIMEOUT = 5.0
+# What the restart planner may print (one JSON line) and how long it may take.
+REPLAN_MAX = 64 * 1024
+REPLAN_TIMEOUT = 600
+REPLAN = "dscluster_replan.pyz"
+# A checkpoint tag as the planner reports it: DeepSpeed's tag, one plain name.
+TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+# The exit codes of `timeout`: the time limit, never a lost node or a script error.
+TIME_LIMIT_RCS = (124, 137)
 
 
 class Refused(Exception):
@@ -107,6 +135,10 @@ def new_state(spec: dict, job_id: str) -> dict:
         "nodes": [str(n) for n in spec.get("nodes", [])],
         "ranks": int(spec.get("ranks", 0)),
         "timeout": int(spec.get("timeout", 0)),
+        "run_id": job_id,
+        "dir": str(spec.get("dir", "")),
+        "attempts": [],
+        "stopped": "",
     }
 
 
@@ -125,14 +157,111 @@ def as_user(user: str) -> list[str]:
     return ["runuser", "-u", user, "--"]
 
 
-def launcher_argv(spec: dict) -> list[str]:
-    """The launcher as the training user, in its job directory: launch.sh, under `timeout`
-    (45 s more for launch_watch.py's clean-up, then KILL) only when the spec gives one."""
-    inner = 'umask 077; cd -- "$1" && shift && exec "$@"'
+IN_DIR = 'umask 077; cd -- "$1" && shift && exec "$@"'
+
+
+def launcher_argv(spec: dict, job_dir: str | None = None) -> list[str]:
+    """The launcher as the training user, in its job directory (the attempt's): launch.sh,
+    under `timeout` (45 s more for launch_watch.py's clean-up, then KILL) only when the spec
+    gives one."""
     cmd = ["./launch.sh"]
     if int(spec.get("timeout", 0)) > 0:
         cmd = ["timeout", "--kill-after=45", str(int(spec["timeout"])), *cmd]
-    return [*as_user(spec["user"]), "bash", "-c", inner, "launch", spec["dir"], *cmd]
+    return [*as_user(spec["user"]), "bash", "-c", IN_DIR, "launch", job_dir or spec["dir"], *cmd]
+
+
+def probe(host: str, port: int = SSH_PORT, timeout: float = PROBE_TIMEOUT) -> str:
+    """Why `host` is lost ("" when its sshd sends its banner within `timeout`): a frozen
+    node's kernel still accepts the connection, its sshd says nothing."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as conn:
+            conn.settimeout(timeout)
+            banner = conn.recv(64)
+    except socket.gaierror:
+        return "its name does not resolve"
+    except TimeoutError:
+        return f"no answer from its sshd within {timeout:g} s"
+    except OSError as exc:
+        return f"its sshd on port {port}: {exc.strerror or exc}"
+    return "" if banner.startswith(b"SSH-") else f"no SSH banner on port {port}"
+
+
+def lost_of(nodes: list[str], head: str, check=probe) -> dict[str, str]:
+    """The nodes other than the head that `check` finds lost, host -> why, probed at once."""
+    others = [h for h in nodes if h != head]
+    if not others:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(32, len(others))) as pool:
+        whys = list(pool.map(check, others))
+    return {h: why for h, why in zip(others, whys, strict=True) if why}
+
+
+def decide(
+    policy: dict, rc: int, lost: dict[str, str], nodes: list[str], used: int, timeout: int = 0
+) -> tuple[str, list[str] | None, str]:
+    """Pure, root's: after an attempt on `nodes` that exited `rc` with `lost` (probe) and
+    `used` restarts before it, (how it ended, the nodes of the next attempt or None, why the
+    job stops short of its own end: "" when it ended by itself). A lost head never comes
+    here: the supervisor runs on it."""
+    if rc == 0:
+        return "ok", None, ""
+    if timeout > 0 and rc in TIME_LIMIT_RCS:
+        return "time limit", None, "the time limit (--timeout) is not retried"
+    if not lost:
+        if not policy.get("retry_on_error"):
+            why = "a script error is not retried (--retry-on-error retries it)"
+            return "script error", None, why
+        ended, survivors = "script error", list(nodes)
+    else:
+        ended = f"lost nodes {','.join(lost)}"
+        survivors = [h for h in nodes if h not in lost]
+        if len(survivors) < int(policy.get("min_nodes", 1)):
+            why = (
+                f"{len(survivors)} node(s) left ({', '.join(survivors) or 'none'}) after "
+                f"losing {', '.join(lost)}, fewer than --min-nodes {policy.get('min_nodes', 1)}"
+            )
+            return ended, None, why
+    limit = int(policy.get("max_restarts", 0))
+    if used >= limit:
+        return ended, None, f"{used} of --max-restarts {limit} used"
+    return ended, survivors, ""
+
+
+def planned(text: str, expect_id: str, survivors: list[str], head: str) -> dict:
+    """The planner's one JSON line, checked: its run id the one asked for, its nodes some of
+    the survivors with the head first, a plain tag. Refused otherwise."""
+    try:
+        got = json.loads(text.strip().splitlines()[-1]) if text.strip() else None
+    except ValueError:
+        got = None
+    if not isinstance(got, dict):
+        raise Refused("the restart planner printed no plan")
+    nodes, ranks, tag = got.get("nodes"), got.get("ranks"), got.get("resumed_from", "")
+    tag_at_end = got.get("tag_at_end", "")
+    if got.get("run_id") != expect_id:
+        raise Refused(f"the restart planner made run {got.get('run_id')!r}, not {expect_id}")
+    if (
+        not isinstance(nodes, list)
+        or not nodes
+        or nodes[0] != head
+        or not set(nodes) <= set(survivors)
+        or len(set(nodes)) != len(nodes)
+    ):
+        raise Refused(f"the restart planner chose nodes {nodes!r} of {survivors}")
+    if not isinstance(ranks, int) or not 0 < ranks <= 1 << 20:
+        raise Refused(f"the restart planner gave {ranks!r} ranks")
+    for value in (tag, tag_at_end):
+        if value != "" and not (isinstance(value, str) and TAG_RE.fullmatch(value)):
+            raise Refused(f"the restart planner gave the checkpoint tag {value!r}")
+    steps = got.get("steps")
+    return {
+        "run_id": expect_id,
+        "nodes": [str(n) for n in nodes],
+        "ranks": ranks,
+        "resumed_from": tag,
+        "tag_at_end": tag_at_end,
+        "steps": steps if isinstance(steps, int) else None,
+    }
 
 
 def start(job_id: str) -> int:
@@ -196,21 +325,27 @@ class Supervisor:
         later, before launch_watch.py has ended the ranks on the other nodes."""
         # a flag only: the handler may run while save() writes (saved with the next line)
         self.state["stop_requested"] = True
-        if self.proc is not None:
-            for pid in children(self.proc.pid) or [self.proc.pid]:
+        proc = self.proc
+        if proc is not None and proc.returncode is None:
+            for pid in children(proc.pid) or [proc.pid]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGTERM)
 
-    def copy_to_job_dir(self) -> subprocess.Popen | None:
-        """The training user's copy of the log, in the job directory (written as it)."""
+    def copy_to_job_dir(self, job_dir: str) -> subprocess.Popen | None:
+        """The training user's copy of the attempt's log, in its job directory (written as
+        it)."""
         try:
             return subprocess.Popen(
                 [*as_user(self.spec["user"]), "bash", "-c",
-                 'umask 077; exec cat > "$1"/launcher.log', "log", self.spec["dir"]],
+                 'umask 077; exec cat > "$1"/launcher.log', "log", job_dir],
                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
         except OSError:
             return None
+
+    def say(self, log_fd: int, text: str) -> None:
+        """A line of the supervisor's own in the log (a restart, why it stopped)."""
+        os.write(log_fd, f"dscluster: {text}\n".encode())
 
     def run(self) -> int:
         os.umask(0o077)
@@ -221,15 +356,75 @@ class Supervisor:
             os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
             0o600,
         )
-        copy = self.copy_to_job_dir()
+        policy = self.spec.get("restart") if isinstance(self.spec.get("restart"), dict) else None
+        attempt = new_attempt(
+            0,
+            self.id,
+            self.spec["dir"],
+            self.state["nodes"],
+            self.state["ranks"],
+            str((policy or {}).get("resumed_from", "")),
+        )
+        self.state.update(state="running", pid=os.getpid())
+        left = dict((policy or {}).get("left") or {})
+        while True:
+            rc = self.run_attempt(attempt, log_fd)
+            if policy is None or self.state["stop_requested"]:
+                attempt["ended_why"] = ended_plainly(rc, self.state["stop_requested"])
+                break
+            lost = lost_of(attempt["nodes"], str(policy.get("head", ""))) if rc else {}
+            ended, survivors, why = decide(
+                policy, rc, lost, attempt["nodes"], attempt["restart"], self.state["timeout"]
+            )
+            attempt.update(ended_why=ended, lost=lost)
+            if lost:
+                who = "; ".join(f"{h}: {w}" for h, w in lost.items())
+                self.say(log_fd, f"attempt {attempt['restart']} lost {', '.join(lost)} ({who})")
+            if survivors is None or self.state["stop_requested"]:
+                self.state["stopped"] = why
+                break
+            left.update(lost)
+            try:
+                attempt = self.replan(attempt, policy, left, bool(lost), log_fd)
+            except Refused as exc:
+                self.state["stopped"] = f"the restart cannot be planned: {exc}"
+                break
+            if self.state["stop_requested"]:
+                break  # stopped while planning: the next attempt never starts
+        if self.state["stopped"]:
+            self.say(log_fd, f"stopped: {self.state['stopped']}")
+        os.close(log_fd)
+        self.fetch(self.state["dir"])
+        rc = self.state["attempts"][-1]["rc"]
+        with open(os.path.join(self.rec, "exit_status"), "w", encoding="ascii") as f:
+            f.write(f"{rc}\n")
+        self.state.update(
+            state="stopped" if self.state["stop_requested"] else "exited",
+            rc=rc,
+            ended=time.time(),
+        )
+        self.save(force=True)
+        return 0
+
+    def run_attempt(self, attempt: dict, log_fd: int) -> int:
+        """One run of launch.sh in the attempt's job directory; its exit code (128 + N for a
+        signal N), its lines appended to root's log."""
+        attempt["log_from"] = os.lseek(log_fd, 0, os.SEEK_END)
+        attempt["started"] = time.time()
+        if attempt not in self.state["attempts"]:
+            self.state["attempts"].append(attempt)
+        self.state.update(
+            run_id=attempt["run_id"], dir=attempt["dir"], nodes=attempt["nodes"],
+            ranks=attempt["ranks"],
+        )  # fmt: skip
+        copy = self.copy_to_job_dir(attempt["dir"])
         self.proc = subprocess.Popen(
-            launcher_argv(self.spec),
+            launcher_argv(self.spec, attempt["dir"]),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             cwd="/",
         )
-        self.state.update(state="running", pid=os.getpid())
         self.save(force=True)
         if self.state["stop_requested"]:
             self.on_term(signal.SIGTERM, None)  # stopped while the launcher was starting
@@ -244,29 +439,65 @@ class Supervisor:
                     copy = None
             m = STEP_RE.search(line.decode(errors="replace"))
             if m:
+                now = time.time()
                 self.state["last_step"] = int(m[1])
                 if self.state["first_step_at"] is None:
-                    self.state["first_step_at"] = time.time()
+                    self.state["first_step_at"] = now
+                if attempt["first_step_at"] is None:
+                    attempt["first_step_at"] = now
             self.save()
         rc = self.proc.wait()
-        os.close(log_fd)
         if copy is not None and copy.stdin is not None:
             with contextlib.suppress(OSError):
                 copy.stdin.close()
             copy.wait()
-        self.fetch()
         rc = 128 - rc if rc < 0 else rc
-        with open(os.path.join(self.rec, "exit_status"), "w", encoding="ascii") as f:
-            f.write(f"{rc}\n")
-        self.state.update(
-            state="stopped" if self.state["stop_requested"] else "exited",
-            rc=rc,
-            ended=time.time(),
-        )
+        attempt.update(ended=time.time(), rc=rc)
         self.save(force=True)
-        return 0
+        return rc
 
-    def fetch(self) -> None:
+    def replan(self, attempt: dict, policy: dict, left: dict, lost: bool, log_fd: int) -> dict:
+        """The next attempt, planned as the training user by the staged planner in the first
+        attempt's directory; its plan checked (planned), the attempt before completed with
+        the checkpoint it left."""
+        k = attempt["restart"] + 1
+        run_id = f"{self.id}-r{k}"
+        argv = [
+            *as_user(self.spec["user"]), "bash", "-c", IN_DIR, "replan", self.spec["dir"],
+            "/usr/bin/python3", "-I", "-S", REPLAN, "replan.json", "--restart", str(k),
+            "--prev-dir", attempt["dir"], "--prev-ranks", str(attempt["ranks"]),
+            "--resumed", attempt["resumed_from"], "--left", json.dumps(left),
+            *(["--lost"] if lost else []),
+        ]  # fmt: skip
+        try:
+            got = subprocess.run(
+                argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=REPLAN_TIMEOUT,
+                check=False, cwd="/",
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise Refused(f"the planner took over {REPLAN_TIMEOUT} s") from None
+        if got.returncode != 0:
+            err = got.stderr.decode(errors="replace").strip().splitlines() or ["no message"]
+            raise Refused(err[-1][:300])
+        pool = [str(h) for h in policy.get("pool", []) if h not in left]
+        plan = planned(
+            got.stdout[-REPLAN_MAX:].decode(errors="replace"),
+            run_id,
+            pool,
+            str(policy.get("head", "")),
+        )
+        attempt.update(tag_at_end=plan["tag_at_end"], steps=plan["steps"])
+        tag = plan["resumed_from"]
+        self.say(
+            log_fd,
+            f"restart {k} of {policy.get('max_restarts')}: {len(plan['nodes'])} nodes, "
+            f"{plan['ranks']} ranks, run {run_id}, "
+            + (f"resuming from {tag}" if tag else "no checkpoint to resume from"),
+        )
+        job_dir = os.path.join(os.path.dirname(self.spec["dir"]), run_id)
+        return new_attempt(k, run_id, job_dir, plan["nodes"], plan["ranks"], tag)
+
+    def fetch(self, job_dir: str) -> None:
         """The job's named outputs, read as the training user, into root's record."""
         for name in self.spec.get("fetch", []):
             if not fetchable(name):
@@ -274,7 +505,7 @@ class Supervisor:
             dest = os.path.join(self.rec, name)
             got = subprocess.run(
                 [*as_user(self.spec["user"]), "head", "-c", str(FETCH_MAX),
-                 "--", os.path.join(self.spec["dir"], name)],
+                 "--", os.path.join(job_dir, name)],
                 stdin=subprocess.DEVNULL, capture_output=True, check=False,
             )  # fmt: skip
             if got.returncode == 0:
@@ -284,6 +515,24 @@ class Supervisor:
             else:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(dest)
+
+
+def new_attempt(
+    restart: int, run_id: str, job_dir: str, nodes: list, ranks: int, resumed_from: str
+) -> dict:
+    return {
+        "restart": restart, "run_id": run_id, "dir": job_dir, "nodes": list(nodes),
+        "ranks": ranks, "started": None, "ended": None, "rc": None, "ended_why": "",
+        "lost": {}, "resumed_from": resumed_from, "tag_at_end": "", "steps": None,
+        "log_from": 0, "first_step_at": None,
+    }  # fmt: skip
+
+
+def ended_plainly(rc: int, stopped: bool) -> str:
+    """How a job without restarts ended."""
+    if stopped:
+        return "stopped"
+    return "ok" if rc == 0 else f"exited {rc}"
 
 
 def fetchable(name: object) -> bool:

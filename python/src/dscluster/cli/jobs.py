@@ -136,6 +136,11 @@ def _say_end(err: Console, job_id: str, state: dict) -> None:
         state.get("ended"), int | float
     ):
         took = f" after {dt.timedelta(seconds=round(state['ended'] - state['started']))}"
+    attempts = state.get("attempts") or []
+    if len(attempts) > 1:
+        took += f"; {len(attempts)} attempts"
+    if state.get("stopped"):
+        took += f", stopped: {state['stopped']}"
     err.print(
         f"{job_id}: {state.get('state')}, exit {state.get('rc')}{took}",
         markup=False,

@@ -8,6 +8,7 @@ import sys
 import time
 
 from rich.console import Console
+from rich.table import Table
 
 from .. import validate
 from ..errors import DsclusterError
@@ -139,11 +140,6 @@ def check_launch(args: argparse.Namespace) -> None:
 def _check_restarts(args: argparse.Namespace) -> None:
     from ..launch.restart import check_checkpoint_dir  # noqa: PLC0415
 
-    if args.detach and args.max_restarts:
-        raise DsclusterError(
-            "--detach with --max-restarts: restarts are decided by this command, which "
-            "--detach ends at once; drop one of them"
-        )
     if args.retry_on_error and not args.max_restarts:
         raise DsclusterError(
             "--retry-on-error retries within --max-restarts N, which is 0; give --max-restarts"
@@ -214,8 +210,6 @@ def _without(left_out: dict[str, str]) -> str:
 def _attempts(result, err: Console) -> str:
     """launch --max-restarts: the attempts as a table on stderr; the one line's part (why
     it stopped, the run record)."""
-    from ..launch.restart import attempts_table  # noqa: PLC0415
-
     record = result.record
     if record is None:
         return ""
@@ -227,6 +221,25 @@ def _attempts(result, err: Console) -> str:
     if record.stopped:
         text += f", stopped: {record.stopped}"
     return f"{text}; run record {record.path}"
+
+
+def attempts_table(record) -> Table:
+    """The run record's attempts (restart.RunRecord), a row each."""
+    table = Table()
+    for name in ("#", "run", "nodes", "ended", "resumed from", "tag at end", "steps", "recovery"):
+        table.add_column(name)
+    for a in record.attempts:
+        table.add_row(
+            str(a.restart),
+            a.run_id,
+            ",".join(a.nodes),
+            a.ended_why,
+            a.resumed_from or "-",
+            a.tag_at_end or "-",
+            "unknown" if a.steps is None else str(a.steps),
+            "-" if a.recovery_s is None else f"{a.recovery_s:.1f} s",
+        )
+    return table
 
 
 def _write_line(out: Console, text: str) -> None:
@@ -259,7 +272,8 @@ class _Status:
             if isinstance(started, int | float)
             else "-"
         )
-        attempt = attempt_of(job)
+        # the supervisor's attempts (launch --max-restarts), else the id's -rN
+        attempt = len(state.get("attempts") or []) or attempt_of(job)
         step = state.get("last_step")
         self.err.print(
             f"[{job}: {state.get('state')}, attempt {attempt}, {len(state.get('nodes') or [])} "
@@ -270,7 +284,6 @@ class _Status:
 
 
 def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from ..doctor.run import survivors_check  # noqa: PLC0415
     from ..inventory import load, master_port  # noqa: PLC0415
     from ..launch import LaunchRequest, launch  # noqa: PLC0415
     from ..launch.modes import plan_options  # noqa: PLC0415
@@ -312,9 +325,6 @@ def cmd_launch(args: argparse.Namespace, out: Console, err: Console) -> int:
             console=err,
             preflight=flags.preflight(args, inv, master_port=port, console=err, what="launch"),
             restart=_restart_policy(args),
-            check_survivors=None
-            if args.no_doctor
-            else survivors_check(inv, master_port=port, console=err),
             on_line=lambda text, _at: _write_line(out, text),
             on_state=status.update,
             detach=args.detach,

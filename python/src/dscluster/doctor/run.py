@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import pathlib
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -118,12 +118,9 @@ def run_doctor(
     console: Console | None = None,
     gpu_diag_budget: int = 0,
     record: pathlib.Path | None = None,
-    only: Sequence[str] | None = None,
 ) -> DoctorReport:
     """Run playbooks/doctor.yml and judge what it found. Saves reports/doctor-latest.json;
-    with `record`, the nodes' health outputs go to that directory (record.py) for --replay.
-    `only`: these hosts alone (launch --max-restarts checks the survivors, not the nodes
-    it lost)."""
+    with `record`, the nodes' health outputs go to that directory (record.py) for --replay."""
     from ..runner import run_playbook  # noqa: PLC0415
 
     console = console or Console(stderr=True)
@@ -132,7 +129,7 @@ def run_doctor(
     inputs = _inputs(inv)
     # Nodes a provision --allow-degraded left out are not in the hostfile: not checked either.
     degraded = inputs["degraded"]
-    hosts = [h for h in inv.hosts if h not in degraded and (only is None or h in only)]
+    hosts = [h for h in inv.hosts if h not in degraded]
     if degraded:
         console.print(
             f"doctor: leaving out {', '.join(degraded)} (degraded, not in the hostfile)",
@@ -156,7 +153,7 @@ def run_doctor(
             "doctor_token": token,
             "doctor_gpu_diag_budget": gpu_diag_budget,
         },
-        limit=",".join(hosts) if degraded or only is not None else None,
+        limit=",".join(hosts) if degraded else None,
         timeout=600 + gpu_diag_budget,
         console=console,
         live=False if not console.is_terminal else None,
@@ -253,24 +250,6 @@ def preflight(
         what=what,
         exclude_unhealthy=exclude_unhealthy,
     )
-
-
-def survivors_check(
-    inv: Inventory, *, master_port: int, console: Console
-) -> Callable[[Sequence[str]], dict[str, str]]:
-    """launch --max-restarts before each restart: doctor on the survivors alone; host ->
-    why, of those it fails (left out of the restart, as --exclude-unhealthy would)."""
-
-    def check(hosts: Sequence[str]) -> dict[str, str]:
-        console.print(
-            f"launch: doctor on the nodes left ({', '.join(hosts)})", highlight=False, markup=False
-        )
-        report = run_doctor(inv, master_port=master_port, console=console, only=hosts)
-        for line in problem_lines(report):
-            console.print(line, markup=False, highlight=False)
-        return {e.host: e.why for e in unhealthy(report)}
-
-    return check
 
 
 def require_healthy(

@@ -18,8 +18,17 @@ from collections.abc import Mapping
 
 from ..errors import DsclusterError
 from ..hostfile import render_hostfile
+from .render import Plan, build_plan
 from .request import JobSite, LaunchRequest
 from .select import parse_node_specs
+
+
+def plan_on(site: JobSite, request: LaunchRequest, left_out: Mapping[str, str]) -> Plan:
+    """build_plan of `request` on `site` without the hosts of `left_out` (host -> why)."""
+    if left_out:
+        site = site_without(site, left_out)
+        request = request_without(request, site.pool, left_out)
+    return build_plan(request, site)
 
 
 def site_without(site: JobSite, left_out: Mapping[str, str]) -> JobSite:

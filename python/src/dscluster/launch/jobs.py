@@ -28,12 +28,15 @@ RETRY_DELAYS = (2.0, 5.0, 10.0)
 # The schema of a job's state (dscluster_job.py STATE_KEYS); `jobs --json` prints these.
 STATE_KEYS = (
     "schema", "id", "state", "rc", "pid", "started", "ended", "last_step", "first_step_at",
-    "stop_requested", "launcher", "nodes", "ranks", "timeout",
+    "stop_requested", "launcher", "nodes", "ranks", "timeout", "run_id", "dir", "attempts",
+    "stopped",
 )  # fmt: skip
 # The states of a job still under way (dscluster_job.py RUNNING).
 RUNNING = ("starting", "running")
 # The record's own files (dscluster_job.py RECORD_FILES): never a job output's name.
 RECORD_FILES = ("job.json", "state.json", "launcher.log", "exit_status")
+# What `jobs --json` shows of each attempt the supervisor kept (dscluster_job.py ATTEMPT_KEYS).
+ATTEMPT_SHOWN = ("rc", "started", "ended", "ended_why", "nodes", "resumed_from", "tag_at_end")
 # A restart's id: the launch's id and -rN (restart.py names attempts so).
 RESTART_RE = re.compile(r"-r(\d+)$")
 # dscluster_job.py's ID_RE: launch-/smoke- + UTC time to the microsecond (+ -rN: a restart).
@@ -162,6 +165,20 @@ class Followed:
     offset: int
 
 
+def _line_sink(
+    on_line: Callable[[str, float], None] | None, on_at: Callable[[int], None] | None
+) -> Callable[[str, float, int], None]:
+    """follow's callbacks for one line: its end in the log, then its text and head time."""
+
+    def got_line(text: str, t: float, at: int) -> None:
+        if on_at is not None:
+            on_at(at)
+        if on_line is not None:
+            on_line(text, t)
+
+    return got_line
+
+
 def follow(
     inv: Inventory,
     job_id: str,
@@ -170,16 +187,19 @@ def follow(
     wait: bool = True,
     on_line: Callable[[str, float], None] | None = None,
     on_state: Callable[[dict[str, Any]], None] | None = None,
+    on_at: Callable[[int], None] | None = None,
     delays: Sequence[float] = RETRY_DELAYS,
 ) -> Followed:
     """The job's log from byte `offset`, each line to on_line(text, head time) as the head
     wrote it, until the job ended (its JobEnd) or, without `wait`, until the log's end (end
-    None when the job still runs). A dropped link is taken up again at the next line; a head
+    None when the job still runs), and each line's end in the log to on_at (its byte offset,
+    before on_line). A dropped link is taken up again at the next line; a head
     that stays unreachable ends in one line naming it."""
     words = ["follow", job_id]
     if not wait:
         words.append("--no-wait")
     failures: list[str] = []
+    got_line = _line_sink(on_line, on_at)
     while True:
         with tempfile.TemporaryFile("w+") as err:
             proc = subprocess.Popen(
@@ -194,8 +214,7 @@ def follow(
                     failures.clear()  # the link works: only drops in a row count
                     if "o" in frame:
                         offset = int(frame.get("at", offset))
-                        if on_line is not None:
-                            on_line(str(frame["o"]), float(frame.get("t", 0)))
+                        got_line(str(frame["o"]), float(frame.get("t", 0)), offset)
                     elif "s" in frame:
                         if on_state is not None:
                             on_state(frame["s"])
@@ -243,14 +262,27 @@ def attempt_of(job_id: str) -> int:
 
 def by_launch(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The head's records grouped per launch, oldest first: the last attempt's state, with
-    every attempt's id, state and exit status."""
+    every attempt's id, state, exit status and how it ended. A supervisor that restarts keeps
+    the attempts in one record (its `attempts`); records of older launches hold one each."""
     launches: dict[str, dict[str, Any]] = {}
     # by start, so the last attempt's state is the one on top (names sort -r10 before -r2)
     for rec in sorted(records, key=lambda r: float(r.get("started") or 0)):
         launch = launch_of(str(rec.get("id", "")))
         entry = launches.setdefault(launch, {"id": launch, "attempts": []})
-        entry["attempts"].append({k: rec.get(k) for k in ("id", "state", "rc", "started", "ended")})
-        entry.update({k: rec.get(k) for k in STATE_KEYS if k != "id"})
+        own = [a for a in rec.get("attempts") or [] if isinstance(a, Mapping)]
+        for n, a in enumerate(own):
+            last = n == len(own) - 1
+            entry["attempts"].append(
+                {
+                    "id": a.get("run_id"),
+                    "state": rec.get("state") if last else "exited",
+                    **{k: a.get(k) for k in ATTEMPT_SHOWN},
+                }
+            )
+        if not own:
+            keys = ("id", "state", "rc", "started", "ended")
+            entry["attempts"].append({k: rec.get(k) for k in keys})
+        entry.update({k: rec.get(k) for k in STATE_KEYS if k not in ("id", "attempts")})
     return sorted(launches.values(), key=lambda e: float(e["attempts"][0].get("started") or 0))
 
 

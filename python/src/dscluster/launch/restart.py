@@ -33,11 +33,13 @@ when it noticed a lost node, and the record holds the seconds from the loss to t
 attempt's first step (recovery_s). Steps done are read from DeepSpeed's default tag form,
 `global_step<n>`.
 
-Stopping: a script error (every node reachable, ranks exited non-zero) is not retried unless
---retry-on-error; the time limit (--timeout: exit 124/137) never is; a lost head stops the
-launch (it runs the rendezvous, holds the job directory and is where launch.yml starts
-jobs: no other node can take its place within a launch). Before each restart doctor checks
-the survivors alone, and a node it fails is left out as --exclude-unhealthy would.
+The attempts run under the head's job supervisor, which decides and restarts with no
+controller attached (roles/deepspeed_launcher/files/dscluster_job.py: decide, from the exit
+code and its own probe of each node's sshd) and plans each restart as the training user
+(replan.py). Stopping: a script error (every node answers, ranks exited non-zero) is not
+retried unless --retry-on-error; the time limit (--timeout: exit 124/137) never is; the head's
+loss ends the job (the supervisor runs there). attempts_from reads the supervisor's record of
+the attempts back into the run record.
 """
 
 from __future__ import annotations
@@ -47,20 +49,11 @@ import datetime as dt
 import json
 import pathlib
 import re
-import time
-from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING
-
-from rich.console import Console
-from rich.table import Table
+from collections.abc import Collection, Mapping, Sequence
 
 from ..deepspeed_env import ENV_SAFE_VALUE_RE
 from ..errors import DsclusterError
 from ..util import atomic_write
-from .render import Plan
-
-if TYPE_CHECKING:  # run.py imports this module
-    from .run import JobResult
 
 STEP_MARKER = "DSCLUSTER_STEP"
 CHECKPOINT_STATE = "checkpoint_state.json"  # launch_watch.py's, fetched from the job dir
@@ -69,7 +62,6 @@ GLOBAL_STEP_RE = re.compile(r"global_step(\d+)")
 # launch_watch.py's lines, head clock: the first step marker and a loss it noticed.
 FIRST_STEP_RE = re.compile(rf"^dscluster: first {STEP_MARKER} (?P<step>\d+) at (?P<t>\d+\.\d+)")
 LOSS_NOTICED_RE = re.compile(r"^dscluster: noticed the loss at (?P<t>\d+\.\d+)")
-TIME_LIMIT_RCS = (124, 137)
 NODE_LOCAL_NOTE = (
     "launch: no shared storage: checkpoints in {dir} are node-local and a lost node's "
     "shards are lost with it, so a restart after a lost node starts over (no "
@@ -240,184 +232,41 @@ class RunRecord:
         return path
 
 
-def attempts_table(record: RunRecord) -> Table:
-    table = Table()
-    for name in ("#", "run", "nodes", "ended", "resumed from", "tag at end", "steps", "recovery"):
-        table.add_column(name)
-    for a in record.attempts:
-        table.add_row(
-            str(a.restart),
-            a.run_id,
-            ",".join(a.nodes),
-            a.ended_why,
-            a.resumed_from or "-",
-            a.tag_at_end or "-",
-            "unknown" if a.steps is None else str(a.steps),
-            "-" if a.recovery_s is None else f"{a.recovery_s:.1f} s",
-        )
-    return table
-
-
-def outcome(result: JobResult) -> str:
-    """ok, lost, script error, time limit or failed (staging, the play: never retried)."""
-    if result.rc == 0:
-        return "ok"
-    if result.rc in TIME_LIMIT_RCS:
-        return "time limit"
-    if result.failure is not None:
-        return "script error"
-    if result.lost_nodes:
-        return "lost"
-    return "failed"
-
-
-def ended_why(result: JobResult) -> str:
-    kind = outcome(result)
-    if kind == "lost":
-        return f"lost nodes {','.join(result.lost_nodes)}"
-    if kind == "failed":
-        return f"exited {result.rc}"
-    return kind
-
-
-@dataclasses.dataclass(frozen=True)
-class Decision:
-    """After an attempt: relaunch on `nodes` (the attempt's, minus those lost), or stop with
-    `why` ("" when the job ended by itself or its failure is the launch's own line)."""
-
-    relaunch: bool
-    nodes: list[str] = dataclasses.field(default_factory=list)
-    why: str = ""
-
-
-def decide(  # noqa: PLR0911 - one return per reason to stop
-    policy: RestartPolicy,
-    result: JobResult,
-    nodes: Sequence[str],
-    head: str,
-    restarts_used: int,
-) -> Decision:
-    """Pure: what follows an attempt on `nodes` that ended as `result`."""
-    kind = outcome(result)
-    if kind in ("ok", "failed"):
-        return Decision(False)
-    if kind == "time limit":
-        return Decision(False, why="the time limit (--timeout) is not retried")
-    if kind == "script error" and not policy.retry_on_error:
-        return Decision(False, why="a script error is not retried (--retry-on-error retries it)")
-    lost = result.lost_nodes if kind == "lost" else {}
-    if head in lost:
-        return Decision(
-            False,
-            why=f"lost the head {head} ({lost[head]}): it runs the rendezvous and holds the "
-            "job directory, so no restart can go on without it",
-        )
-    survivors = [h for h in nodes if h not in lost]
-    if len(survivors) < policy.min_nodes:
-        return Decision(
-            False,
-            why=f"{len(survivors)} node(s) left ({', '.join(survivors) or 'none'}) after losing "
-            f"{', '.join(lost)}, fewer than --min-nodes {policy.min_nodes}",
-        )
-    if restarts_used >= policy.max_restarts:
-        return Decision(False, why=f"{restarts_used} of --max-restarts {policy.max_restarts} used")
-    return Decision(True, nodes=survivors)
-
-
-# plan(run id, nodes left out: host -> why, the run's job_env) -> the attempt's Plan
-PlanAttempt = Callable[[str, Mapping[str, str], Mapping[str, str]], Plan]
-# doctor on the survivors: host -> why, of those it leaves out
-CheckSurvivors = Callable[[Sequence[str]], Mapping[str, str]]
-
-
-def run_with_restarts(  # noqa: PLR0913 - the loop's parts, each injected for its tests
-    policy: RestartPolicy,
-    record: RunRecord,
-    *,
-    head: str,
-    plan_attempt: PlanAttempt,
-    run: Callable[[Plan], JobResult],
-    check_survivors: CheckSurvivors | None,
-    left_out: Mapping[str, str],
-    console: Console,
-    now: Callable[[], float] = time.time,
-) -> tuple[Plan, JobResult]:
-    """Run attempts until one ends without a restart (decide); the last plan and result,
-    with every attempt in `record` (record.stopped: why it stopped short, else "")."""
-    left = dict(left_out)
-    env = {"DSCLUSTER_RESTART": "0", "DSCLUSTER_CHECKPOINT_DIR": record.checkpoint_dir}
-    env["DSCLUSTER_CHECKPOINT_TAG"] = ""
-    plan = plan_attempt(record.launch_id, left, env)
+def attempts_from(
+    states: Sequence[Mapping], lines: Sequence[Sequence[str]], logs: Sequence[str], last: str
+) -> list[Attempt]:
+    """The run record's attempts from the supervisor's (state.json `attempts`), each with its
+    own log `lines` and the controller's `logs` path; `last`: the last attempt's
+    checkpoint_state.json (the tag it left: the others' the planner read). The watcher's
+    times come from each attempt's lines (head clock); recovery_s from a loss to the next
+    attempt's first step."""
+    out: list[Attempt] = []
     loss_at: float | None = None
-    while True:
-        restart, tag = len(record.attempts), env["DSCLUSTER_CHECKPOINT_TAG"]
-        attempt = Attempt(restart, plan.run_id, list(plan.resources), now(), resumed_from=tag)
-        record.attempts.append(attempt)
-        result = run(plan)
-        _finish(attempt, result, now(), plan.world_size)
-        if loss_at is not None and attempt.first_step_at is not None:
-            attempt.recovery_s = round(attempt.first_step_at - loss_at, 3)
-        decision = decide(policy, result, list(plan.resources), head, restart)
-        if not decision.relaunch:
-            record.stopped = decision.why
-            return plan, result
-        loss_at = attempt.loss_at
-        left.update(result.lost_nodes)
-        nodes = decision.nodes
-        if check_survivors is not None:
-            failing = dict(check_survivors(nodes))
-            record.stopped = _doctor_stops(failing, nodes, head, policy.min_nodes)
-            if record.stopped:
-                return plan, result
-            left.update(failing)
-        # Node-local checkpoints lost the lost node's shards: nothing complete to resume.
-        keep = record.checkpoints_shared or outcome(result) != "lost"
-        env = {
-            **env,
-            "DSCLUSTER_RESTART": str(restart + 1),
-            "DSCLUSTER_CHECKPOINT_TAG": (attempt.tag_at_end or tag) if keep else "",
-        }
-        try:
-            plan = plan_attempt(f"{record.launch_id}-r{restart + 1}", left, env)
-        except DsclusterError as exc:
-            record.stopped = f"the restart cannot be planned: {exc}"
-            return plan, result
-        resumed = env["DSCLUSTER_CHECKPOINT_TAG"]
-        console.print(
-            f"launch: restart {restart + 1} of {policy.max_restarts}: {len(plan.resources)} "
-            f"nodes, {plan.world_size} ranks, run {plan.run_id}, "
-            + (f"resuming from {resumed}" if resumed else "no checkpoint to resume from"),
-            markup=False,
-            highlight=False,
+    for n, (state, own, log) in enumerate(zip(states, lines, logs, strict=True)):
+        a = Attempt(
+            restart=int(state.get("restart", n)),
+            run_id=str(state.get("run_id", "")),
+            nodes=[str(h) for h in state.get("nodes", [])],
+            started=float(state.get("started") or 0),
+            resumed_from=str(state.get("resumed_from") or ""),
+            ended=float(state.get("ended") or 0),
+            rc=state.get("rc"),
+            ended_why=str(state.get("ended_why") or ""),
+            tag_at_end=str(state.get("tag_at_end") or ""),
+            steps=state.get("steps"),
+            log=log,
         )
-
-
-def _finish(attempt: Attempt, result: JobResult, ended: float, world_size: int) -> None:
-    """What an attempt's result tells its record: how it ended, its last checkpoint, the
-    watcher's times."""
-    attempt.ended, attempt.rc = ended, result.rc
-    attempt.ended_why, attempt.log = ended_why(result), str(result.log_path)
-    state = result.fetched.get(CHECKPOINT_STATE, "")
-    # A tag this attempt wrote has one ZeRO shard per rank of it; one it resumed from, its own.
-    written = tag_from_state(state) not in ("", attempt.resumed_from)
-    attempt.tag_at_end = tag_from_state(state, world_size if written else None)
-    attempt.steps = steps_of(attempt.tag_at_end) if attempt.tag_at_end else None
-    attempt.first_step_at = _watch_time(result.log_lines, FIRST_STEP_RE)
-    if outcome(result) == "lost":
-        # the watcher's notice on the head's clock; else ours when the attempt ended
-        attempt.loss_at = _watch_time(result.log_lines, LOSS_NOTICED_RE) or ended
-
-
-def _doctor_stops(
-    failing: Mapping[str, str], nodes: Sequence[str], head: str, min_nodes: int
-) -> str:
-    """Why doctor's verdict on the survivors stops the launch ("" when it does not)."""
-    if head in failing:
-        return f"doctor fails the head {head} ({failing[head]})"
-    still = [h for h in nodes if h not in failing]
-    if len(still) < min_nodes:
-        return (
-            f"{len(still)} node(s) left once doctor leaves out {', '.join(failing)}, "
-            f"fewer than --min-nodes {min_nodes}"
-        )
-    return ""
+        if n == len(states) - 1:
+            ranks = int(state.get("ranks") or 0) or None
+            written = tag_from_state(last) not in ("", a.resumed_from)
+            a.tag_at_end = tag_from_state(last, ranks if written else None)
+            a.steps = steps_of(a.tag_at_end) if a.tag_at_end else None
+        a.first_step_at = _watch_time(own, FIRST_STEP_RE)
+        if state.get("lost"):
+            # the watcher's notice on the head's clock; else when the attempt ended
+            a.loss_at = _watch_time(own, LOSS_NOTICED_RE) or a.ended
+        if loss_at is not None and a.first_step_at is not None:
+            a.recovery_s = round(a.first_step_at - loss_at, 3)
+        loss_at = a.loss_at
+        out.append(a)
+    return out

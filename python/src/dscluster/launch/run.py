@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import pathlib
 import re
 import shutil
@@ -23,18 +24,18 @@ from ..paths import cache_dir
 from ..runner import PlaybookResult, run_playbook
 from ..util import atomic_write, print_warnings, write_files
 from . import jobs
-from .exclude import request_without, site_without
+from .exclude import plan_on
 from .launchers.mpi import render_mpi_hostfile
-from .render import Plan, build_plan
+from .render import Plan
+from .replan import SPEC, ZIPAPP, spec_of, zipapp_bytes
 from .request import JobSite, LaunchRequest
 from .restart import (
     CHECKPOINT_STATE,
     NODE_LOCAL_NOTE,
-    CheckSurvivors,
     RestartPolicy,
     RunRecord,
+    attempts_from,
     check_min_nodes,
-    run_with_restarts,
 )
 from .signatures import Match, match_signatures
 from .watch import ScriptFailure, lost_nodes, script_failure
@@ -79,22 +80,14 @@ def job_dir_for(inv: Inventory, run_id: str) -> str:
     return f"{storage.inventory_paths(inv).jobs_dir}/{run_id}"
 
 
-def plan_for(
-    inv: Inventory,
-    files: LaunchFiles,
-    request: LaunchRequest,
-    run_id: str,
-    *,
-    left_out: Mapping[str, str] | None = None,
-    job_env: Mapping[str, str] | None = None,
-) -> Plan:
-    """build_plan of `request` on the inventory and its launch files (rendered, maybe not
-    written). `left_out` (host -> its failed checks): the nodes --exclude-unhealthy leaves
-    out of this run alone (exclude.py), gone from the job's own hostfile, never from the
-    inventory's. `job_env`: this run's own variables in its `.deepspeed_env` (restart.py)."""
+def site_for(
+    inv: Inventory, files: LaunchFiles, run_id: str, job_env: Mapping[str, str] | None = None
+) -> JobSite:
+    """Where run `run_id` runs: the inventory's launch files (rendered, maybe not written) and
+    this run's own `.deepspeed_env` variables `job_env` (restart.py)."""
     head_facts = files.facts[0]
     interfaces = {f.interface for f in files.facts}
-    site = JobSite(
+    return JobSite(
         run_id=run_id,
         job_dir=job_dir_for(inv, run_id),
         head=inv.head,
@@ -106,10 +99,21 @@ def plan_for(
         interface=interfaces.pop() if len(interfaces) == 1 else "",
         job_env=dict(job_env or {}),
     )
-    if left_out:
-        site = site_without(site, left_out)
-        request = request_without(request, site.pool, left_out)
-    return build_plan(request, site)
+
+
+def plan_for(
+    inv: Inventory,
+    files: LaunchFiles,
+    request: LaunchRequest,
+    run_id: str,
+    *,
+    left_out: Mapping[str, str] | None = None,
+    job_env: Mapping[str, str] | None = None,
+) -> Plan:
+    """build_plan of `request` on the inventory and its launch files (site_for). `left_out`
+    (host -> its failed checks): the nodes --exclude-unhealthy leaves out of this run alone
+    (exclude.py), gone from the job's own hostfile, never from the inventory's."""
+    return plan_on(site_for(inv, files, run_id, job_env), request, left_out or {})
 
 
 @dataclasses.dataclass
@@ -131,6 +135,8 @@ class JobResult:
     record: RunRecord | None = None
     # the supervisor's state of the job when it ended (jobs.STATE_KEYS); {} if it never ran
     state: dict = dataclasses.field(default_factory=dict)
+    # each line's end in the supervisor's log (a byte offset), as log_lines
+    offsets: list[int] = dataclasses.field(default_factory=list)
 
 
 def run_job(  # noqa: PLR0913 - the job, where its output goes, each a keyword
@@ -146,13 +152,17 @@ def run_job(  # noqa: PLR0913 - the job, where its output goes, each a keyword
     on_line: Callable[[str, float], None] | None = None,
     on_state: Callable[[dict], None] | None = None,
     detach: bool = False,
+    restart: Mapping | None = None,
+    extra_files: Mapping[str, bytes] | None = None,
 ) -> JobResult:
     """Stage the plan's files (+ stage_files: name -> local path, + the `project` unpacked
     from one tarball) into the job directory, start launch.sh on the head under root's job
     supervisor (cut after `timeout` seconds when given), and follow its record until it
     ends: every line to on_line(text, head time) as it comes, the state's changes to
     on_state; then its exit status and the job's own outputs (`fetch`) from the record.
-    Ctrl-C while following, or `detach`, raises jobs.Detached: the job runs on."""
+    Ctrl-C while following, or `detach`, raises jobs.Detached: the job runs on. `restart`:
+    the supervisor's restart policy (launch --max-restarts), with `extra_files` (name ->
+    bytes, the restart planner) staged beside the job's own."""
     console = console or Console(stderr=True)
     if timeout is not None and timeout < 1:
         raise DsclusterError(f"--timeout {timeout}: give the job at least one second, e.g. 600")
@@ -167,6 +177,8 @@ def run_job(  # noqa: PLR0913 - the job, where its output goes, each a keyword
         files = {name: (text.encode(), int(mode, 8)) for name, (text, mode) in plan.files.items()}
         for name, path in (stage_files or {}).items():
             files[name] = (path.read_bytes(), 0o644)
+        for name, data in (extra_files or {}).items():
+            files[name] = (data, 0o644)
         write_job_tar(stage / JOB_TAR, pathlib.PurePosixPath(plan.job_dir).name, files, project)
         result = run_playbook(
             playbook,
@@ -175,13 +187,7 @@ def run_job(  # noqa: PLR0913 - the job, where its output goes, each a keyword
                 "launch_stage_dir": str(stage),
                 "launch_job_dir": plan.job_dir,
                 "launch_job_tar": JOB_TAR,
-                "launch_spec": {
-                    "launcher": plan.launcher,
-                    "nodes": list(plan.resources),
-                    "ranks": plan.world_size,
-                    "timeout": timeout or 0,
-                    "fetch": list(fetch),
-                },
+                "launch_spec": _spec(plan, timeout, fetch, restart),
             },
             # Only the job's nodes: a node left out (--exclude, degraded.json) is not touched.
             limit=",".join(dict.fromkeys([plan.head, *plan.resources])),
@@ -191,6 +197,7 @@ def run_job(  # noqa: PLR0913 - the job, where its output goes, each a keyword
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     lines: list[str] = []
+    offsets: list[int] = []
     end: jobs.JobEnd | None = None
     if result.rc == 0:
         if detach:
@@ -202,7 +209,9 @@ def run_job(  # noqa: PLR0913 - the job, where its output goes, each a keyword
                 on_line(text, at)
 
         try:
-            end = jobs.follow(inv, plan.run_id, on_line=line, on_state=on_state).end
+            end = jobs.follow(
+                inv, plan.run_id, on_line=line, on_state=on_state, on_at=offsets.append
+            ).end
         except KeyboardInterrupt:
             raise jobs.Detached(inv, plan.run_id) from None
     log_text = "".join(f"{text}\n" for text in lines)
@@ -215,19 +224,49 @@ def run_job(  # noqa: PLR0913 - the job, where its output goes, each a keyword
     rc = int(status) if status.lstrip("-").isdigit() else 1
     if result.rc != 0 and rc == 0:
         rc = 1  # the play failed around a job that did not (staging, starting)
+    return judged(
+        JobResult(
+            rc=rc,
+            log_lines=lines,
+            log_path=log_path,
+            fetched=texts,
+            lost_nodes={},
+            playbook=result,
+            project=project.describe() if project is not None else "",
+            state=end.state if end is not None else {},
+            offsets=offsets,
+        ),
+        plan,
+    )
+
+
+def _spec(plan: Plan, timeout: int | None, fetch: Sequence[str], restart: Mapping | None) -> dict:
+    """The supervisor's spec of the job (launch.yml's launch_spec)."""
+    spec = {
+        "launcher": plan.launcher,
+        "nodes": list(plan.resources),
+        "ranks": plan.world_size,
+        "timeout": timeout or 0,
+        "fetch": list(fetch),
+    }
+    if restart is not None:
+        spec["restart"] = dict(restart)
+    return spec
+
+
+def judged(result: JobResult, plan: Plan, lost: Mapping[str, str] | None = None) -> JobResult:
+    """The result with what its log says of a failure on `plan`'s ranks: the script error,
+    else the lost nodes (`lost`: root's own finding, when it has one), the known signatures."""
+    rc, lines = result.rc, result.log_lines
     cut = rc in (124, 137)  # the time limit ended it: no one rank's failure
     failure = script_failure(lines, plan.rank_hosts) if rc and not cut else None
-    return JobResult(
-        rc=rc,
-        log_lines=lines,
-        log_path=log_path,
-        fetched=texts,
-        lost_nodes=lost_nodes(lines, plan.rank_hosts) if rc and failure is None else {},
+    if rc and failure is None:
+        lost = dict(lost) if lost else lost_nodes(lines, plan.rank_hosts)
+    return dataclasses.replace(
+        result,
         failure=failure,
+        lost_nodes=dict(lost or {}) if rc and failure is None else {},
         signatures=match_signatures(lines, plan.rank_hosts) if rc else [],
-        playbook=result,
-        project=project.describe() if project is not None else "",
-        state=end.state if end is not None else {},
     )
 
 
@@ -305,7 +344,6 @@ def launch(  # noqa: PLR0913 - how the launch command runs its request, each a k
     console: Console | None = None,
     preflight: Preflight | None = None,
     restart: RestartPolicy | None = None,
-    check_survivors: CheckSurvivors | None = None,
     on_line: Callable[[str, float], None] | None = None,
     on_state: Callable[[dict], None] | None = None,
     detach: bool = False,
@@ -317,9 +355,9 @@ def launch(  # noqa: PLR0913 - how the launch command runs its request, each a k
     alone is staged (or run in place with stage=False). mode_files: the local files the
     launcher's own options stage (launch.modes.plan_options). The nodes `preflight` leaves
     out (--exclude-unhealthy) are left out of this run's plan (plan_for). `restart`
-    (--max-restarts, restart.py): a job that lost nodes runs again without them, each
-    attempt checked first by `check_survivors` (doctor on the survivors); --min-nodes is
-    checked against this run's nodes before anything is written. Every rank then finds
+    (--max-restarts, restart.py): a job that lost nodes runs again without them, decided and
+    planned on the head by its supervisor (replan.py); --min-nodes is checked against this
+    run's nodes before anything is written. Every rank then finds
     DSCLUSTER_RESTART, DSCLUSTER_CHECKPOINT_DIR and DSCLUSTER_CHECKPOINT_TAG (empty with no
     checkpoint), and the job's rank 0 prints `DSCLUSTER_STEP <n>` after each optimizer step
     for the run record's time from a loss to the resumed first step. The job runs under
@@ -370,7 +408,8 @@ def launch(  # noqa: PLR0913 - how the launch command runs its request, each a k
             restart,
             record,
             left_out=left_out,
-            run=lambda p: run_job(
+            staged_names=[*stage_files, *_top_names(project)],
+            run=lambda p, spec, extra: run_job(
                 inv,
                 p,
                 stage_files=stage_files,
@@ -380,8 +419,10 @@ def launch(  # noqa: PLR0913 - how the launch command runs its request, each a k
                 console=console,
                 on_line=on_line,
                 on_state=on_state,
+                detach=detach,
+                restart=spec,
+                extra_files=extra,
             ),
-            check_survivors=check_survivors,
             console=console,
         )
     if left_out:
@@ -428,7 +469,12 @@ def _first_env(record: RunRecord) -> dict[str, str]:
     }
 
 
-def _launch_with_restarts(  # noqa: PLR0913 - launch's parts for the loop
+def _top_names(project: Project | None) -> list[str]:
+    """The project's names in the job directory's top (--workdir), as staged."""
+    return sorted({rel.split("/")[0] for rel in project.entries}) if project is not None else []
+
+
+def _launch_with_restarts(  # noqa: PLR0913 - launch's parts for the supervisor's restarts
     inv: Inventory,
     files: LaunchFiles,
     staged: LaunchRequest,
@@ -436,11 +482,12 @@ def _launch_with_restarts(  # noqa: PLR0913 - launch's parts for the loop
     record: RunRecord,
     *,
     left_out: dict[str, str],
-    run: Callable[[Plan], JobResult],
-    check_survivors: CheckSurvivors | None,
+    staged_names: Sequence[str],
+    run: Callable[[Plan, dict, dict[str, bytes]], JobResult],
     console: Console,
 ) -> tuple[Plan, JobResult]:
-    """launch's run under restart.run_with_restarts; the record written beside the logs."""
+    """The job under the head's supervisor with its restart policy and planner (replan.py);
+    the run record from the supervisor's record of the attempts, written beside the logs."""
     if not record.checkpoints_shared:
         console.print(
             NODE_LOCAL_NOTE.format(dir=record.checkpoint_dir), markup=False, highlight=False
@@ -451,19 +498,71 @@ def _launch_with_restarts(  # noqa: PLR0913 - launch's parts for the loop
             markup=False,
             highlight=False,
         )
+    first_env = _first_env(record)
+    plan = plan_for(inv, files, staged, record.launch_id, left_out=left_out, job_env=first_env)
+    site = site_for(inv, files, record.launch_id, first_env)
+    shared = storage.inventory_paths(inv).shared
+    replan = spec_of(site, staged, record, staged_names, push=not shared)
+    spec = {
+        "max_restarts": policy.max_restarts,
+        "min_nodes": policy.min_nodes,
+        "retry_on_error": policy.retry_on_error,
+        "head": inv.head,
+        "pool": list(site.pool),
+        "left": dict(left_out),
+    }
+    extra = {SPEC: (json.dumps(replan, indent=1) + "\n").encode(), ZIPAPP: zipapp_bytes()}
+    # Detached (--detach, Ctrl-C) goes up from here: the supervisor's record is the job's.
+    result = run(plan, spec, extra)
     try:
-        plan, result = run_with_restarts(
-            policy,
-            record,
-            head=inv.head,
-            plan_attempt=lambda run_id, left, env: plan_for(
-                inv, files, staged, run_id, left_out=left, job_env=env
-            ),
-            run=run,
-            check_survivors=check_survivors,
-            left_out=left_out,
-            console=console,
-        )
+        plan, result = _attempts_of(inv, files, staged, record, result, left_out)
     finally:
         record.write(inv.directory / "reports")
     return plan, dataclasses.replace(result, left_out=left_out, record=record)
+
+
+def _attempts_of(
+    inv: Inventory,
+    files: LaunchFiles,
+    staged: LaunchRequest,
+    record: RunRecord,
+    result: JobResult,
+    left_out: Mapping[str, str],
+) -> tuple[Plan, JobResult]:
+    """The run record's attempts from the supervisor's, each attempt's lines in a log of its
+    own; the last attempt's plan (planned again here, as the head did) and result."""
+    states = [a for a in result.state.get("attempts") or [] if isinstance(a, dict)]
+    record.stopped = str(result.state.get("stopped") or "")
+    if not states:
+        plan = plan_for(inv, files, staged, record.launch_id, left_out=left_out,
+                        job_env=_first_env(record))  # fmt: skip
+        return plan, judged(result, plan)
+    starts = [int(a.get("log_from") or 0) for a in states]
+    groups: list[list[str]] = [[] for _ in states]
+    for n, text in enumerate(result.log_lines):
+        at = result.offsets[n] if n < len(result.offsets) else 0
+        groups[max((i for i, s in enumerate(starts) if s < at), default=0)].append(text)
+    logs = []
+    for a, lines in zip(states, groups, strict=True):
+        path = inv.directory / "logs" / f"{a.get('run_id')}.log.txt"
+        atomic_write(path, "".join(f"{t}\n" for t in lines))
+        logs.append(str(path))
+    record.attempts = attempts_from(states, groups, logs, result.fetched.get(CHECKPOINT_STATE, ""))
+    last = states[-1]
+    left = dict(left_out)
+    for a in states[:-1]:
+        left.update(a.get("lost") or {})
+    env = {
+        **_first_env(record),
+        "DSCLUSTER_RESTART": str(last.get("restart", 0)),
+        "DSCLUSTER_CHECKPOINT_TAG": str(last.get("resumed_from") or ""),
+    }
+    try:
+        plan = plan_for(inv, files, staged, str(last.get("run_id")), left_out=left, job_env=env)
+    except DsclusterError:
+        plan = plan_for(inv, files, staged, record.launch_id, left_out=left_out,
+                        job_env=_first_env(record))  # fmt: skip
+    own = dataclasses.replace(
+        result, log_lines=groups[-1], log_path=pathlib.Path(logs[-1]), offsets=[]
+    )
+    return plan, judged(own, plan, last.get("lost") or None)
