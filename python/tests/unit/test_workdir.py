@@ -285,8 +285,14 @@ def test_job_files_are_written_and_read_back_as_the_training_user():
     assert job.launcher_argv(spec)[-2:] == ["/shared/dscluster/jobs/launch-x", "./launch.sh"]
     source = rolefiles.path("deepspeed_launcher", "files/dscluster_job.py").read_text()
     uses = [i for i in range(len(source)) if source.startswith('spec["dir"]', i)]
-    # each inside a command that starts as the training user (a few lines up at most)
-    assert len(uses) == 3 and all("*as_user(" in source[i - 200 : i] for i in uses)
+    # each inside a command that starts as the training user (a few lines up at most), or a
+    # path kept for such commands: the first attempt's directory and the next one's, beside
+    # it (new_attempt; launch --max-restarts)
+    commands = {i for i in uses if "*as_user(" in source[i - 200 : i]}
+    kept = {i for i in uses if "new_attempt(" in source[i - 100 : i + 100]}
+    assert len(uses) == 4 and len(commands) == 2 and commands | kept == set(uses)
+    # the attempts' directories reach commands the same way (the log's copy, launch.sh)
+    assert "*as_user(" in source[source.index("def copy_to_job_dir(") :][:600]
     assert job.RECORDS == "/var/lib/dscluster/jobs"
     record = next(p for p in plays if p["name"] == "Start the job on the head")
     assert record["vars"]["__launch_record"].startswith("/var/lib/dscluster/jobs/")
