@@ -210,6 +210,14 @@ FAULTS.update(
                 for n in (2, 3)
             ),
         ),
+        # GPU 1: all six links inactive, the other three GPUs' up.
+        "v100_nvlink_gpu1_all_down": (
+            NVLINK_V100,
+            tuple(
+                Edit("GPU 1:", f"\t Link {n}: 25.781 GB/s", f"\t Link {n}: <inactive>")
+                for n in range(6)
+            ),
+        ),
         # GPU 3 link 7: 3 replays and 12 CRC errors.
         "a100_nvlink_gpu3_crc": (
             NVLINK_A100_E,

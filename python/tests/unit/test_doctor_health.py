@@ -73,7 +73,7 @@ def judges(monkeypatch):
         return [Finding("pass", "no Xid since boot")]
 
     def ecc(outputs: NodeOutputs, expect: Expect) -> list[Finding]:
-        return [Finding("warn", "GPU 1: 3 pending row remaps", "reset", "nvidia-smi -r -i 1")]
+        return [Finding("warn", "GPU 1: 3 lifetime ECC errors", "monitor", "watch the count")]
 
     def broken(outputs: NodeOutputs, expect: Expect) -> list[Finding]:
         raise KeyError("oops")
@@ -153,7 +153,7 @@ def test_findings_become_cells_worst_wins_action_leads_fixes_collected(judges):
     assert cell.evidence == [XID79.strip()]
     assert report.to_json()["checks"]["xid"]["n2"]["evidence"] == [XID79.strip()]
     assert report.cell("ecc", "n1").status == "warn"
-    assert report.cell("ecc", "n1").details == ["reset: GPU 1: 3 pending row remaps"]
+    assert report.cell("ecc", "n1").details == ["monitor: GPU 1: 3 lifetime ECC errors"]
     lines = doctor.problem_lines(report)
     assert (
         "FAIL n2 xid: isolate: GPU 3 (0000:5d:00.0) fell off the bus (Xid 79) — fix: reseat "
@@ -468,3 +468,19 @@ def test_the_wide_table_sets_the_health_checks_apart():
     ifname = next(i for i, line in enumerate(lines) if line.startswith("│ ifname "))
     assert lines[ifname + 1].startswith("├")  # a rule between the two groups
     assert lines[ifname + 2].startswith("│ gpu_count ")
+
+
+def test_an_unreadable_file_is_one_line_per_node_and_file():
+    """nvidia-smi-q.xml feeds four checks: the first fails with the line, the others skip
+    pointing at it (issue 77: it was said four times)."""
+    outputs = NodeOutputs("n2", {"nvidia-smi-q.xml": "<nvidia_smi_log><gpu>"})
+    results = registry.judge_node(outputs, Expect(accelerator="nvidia", devices=2))
+    readers = ("gpu_count", "ecc", "pcie", "throttle")
+    failing = [c for c in readers if results[c][0].status == "fail"]
+    assert failing == ["gpu_count"], results
+    (line,) = [f.detail for c in readers for f in results[c] if "cannot be read:" in f.detail]
+    assert line.startswith("n2: nvidia-smi-q.xml cannot be read: ")
+    for check in readers[1:]:
+        assert results[check] == [
+            Finding("skip", "nvidia-smi-q.xml cannot be read (see gpu_count)")
+        ], check

@@ -94,19 +94,24 @@ def test_an_unreachable_node_leaves_for_reach_alone():
     assert "not reachable from the controller" in e.why
 
 
-def test_a_warning_to_isolate_leaves_other_warnings_stay():
+def test_a_finding_to_isolate_fails_and_leaves_monitor_warnings_stay():
+    """A finding that asks to isolate, reboot or reset fails; a warning is for monitor only
+    and keeps its node (issue 77: one InfiniBand port down used to warn)."""
+    with pytest.raises(ValueError, match="a warning's action is monitor, not isolate"):
+        Finding("warn", "mlx5_0 port 1: state DOWN", "isolate", "reseat it")
     report = judge(healthy())
     add_cells(
         report,
         "n2",
-        {"fabric": [Finding("warn", "mlx5_0 port 1: state DOWN", "isolate", "reseat it")]},
+        {"fabric": [Finding("fail", "mlx5_0 port 1: state DOWN", "isolate", "reseat it")]},
     )
     add_cells(report, "n3", {"xid": [Finding("warn", "GPU 0: Xid 154", "monitor", "watch")]})
     report.cell("disk", "n3").add("warn", "/opt/dscluster/venv: 5.0 GiB free")
-    assert report.ok  # warnings alone: doctor passes, and without the option the job starts
+    assert not report.ok  # doctor exits non-zero: its advice is to take n2 out
     (e,) = unhealthy(report)
     assert (e.host, e.checks) == ("n2", ("fabric",))
-    assert e.why == "fabric: isolate: mlx5_0 port 1: state DOWN"
+    # (the stand-in report's cell also holds its earlier skip: judge_node adds one cell once)
+    assert e.why.startswith("fabric: ") and e.why.endswith("isolate: mlx5_0 port 1: state DOWN")
 
 
 def test_after_leaving_the_blamed_nodes_out_no_failed_cell_is_left():

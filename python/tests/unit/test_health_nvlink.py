@@ -66,11 +66,43 @@ def test_inactive_links_beside_active_ones_fail_with_reset():
     assert "Link 2: <inactive>" in finding.evidence
 
 
-def test_a_gpu_with_every_link_inactive_beside_linked_peers_warns():
-    # Real: the third A6000 of this workstation has no bridge.
+def test_a_pcie_card_with_every_link_inactive_beside_linked_peers_warns():
+    # Real: the third A6000 of this workstation has no bridge, as PCIe cards may not.
     finding = judge(fixture(NVLINK_A6000), fixture(NVLINK_A100_E))[0]
-    assert (finding.status, finding.action) == ("warn", "reset")
-    assert finding.detail.startswith("GPU 2: every NVLink inactive while GPU 0, GPU 1")
+    assert (finding.status, finding.action) == ("warn", "monitor")
+    assert finding.detail.startswith(
+        "GPU 2 (NVIDIA RTX A6000): every NVLink inactive while GPU 0, GPU 1"
+    )
+
+
+def test_an_sxm_gpu_with_every_link_inactive_beside_linked_peers_fails_with_reset():
+    findings = judge(fault("v100_nvlink_gpu1_all_down"), fixture(NVLINK_A100_E))
+    assert [(f.status, f.action) for f in findings] == [("fail", "reset")]
+    assert findings[0].detail == (
+        "GPU 1 (Tesla V100-SXM2-16GB): every NVLink inactive while GPU 0, GPU 2, GPU 3 have "
+        "links up"
+    )
+
+
+@pytest.mark.parametrize(
+    ("product", "sxm"),
+    [
+        ("Tesla V100-SXM2-16GB", True),
+        ("NVIDIA A100-SXM4-80GB", True),
+        ("NVIDIA H100 80GB HBM3", True),
+        ("NVIDIA H200", True),
+        ("NVIDIA B200", True),
+        ("NVIDIA H100 PCIe", False),
+        ("NVIDIA H100 NVL", False),
+        ("NVIDIA H200 NVL", False),
+        ("NVIDIA A100-PCIE-40GB", False),
+        ("NVIDIA A100 80GB PCIe", False),
+        ("NVIDIA RTX A6000", False),
+        ("NVIDIA L40S", False),
+    ],
+)
+def test_sxm_boards_by_product_name(product, sxm):
+    assert nvlink.sxm_board(product) is sxm
 
 
 def test_error_counters_warn_with_monitor():

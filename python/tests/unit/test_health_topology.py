@@ -74,10 +74,10 @@ def test_switch_port_with_acs_off_above_a_gpu_passes():
     assert finding.status == "pass"
 
 
-def test_switch_port_with_acs_redirect_above_a_gpu_warns():
+def test_switch_port_with_acs_redirect_above_a_gpu_fails_with_reboot():
     passed, finding = judge(fixture(TOPO_H20), fault("plx_acs_on"))
     assert passed.status == "pass"
-    assert (finding.status, finding.action) == ("warn", "reboot")
+    assert (finding.status, finding.action) == ("fail", "reboot")
     assert finding.detail == (
         "PCIe switch port 03:08.0 redirects peer-to-peer traffic (ACS ReqRedir, CmpltRedir) "
         "above 04:00.0 (VGA compatible controller)"

@@ -1,12 +1,11 @@
 """Acting on doctor's report: the nodes `smoke`/`launch --exclude-unhealthy` leave out of one
 run, and the refusals where that cannot give a sound run; pure.
 
-A node leaves when any of its cells fails, or when a health finding asks to isolate it (a
-warning whose detail starts "isolate:", e.g. an InfiniBand port down). Every cell already
+A node leaves when any of its cells fails: a health finding that asks to isolate, reboot or
+reset it fails (health.DRASTIC), so warnings, for monitor only, keep it. Every cell already
 belongs to one node, the pairwise checks' too: doctor blames a target no node reaches, a
 source that reaches no node, else the source of the one failed pair (findings.attribute), so
-leaving the blamed nodes out leaves no failed cell among the others. Other warnings stay, as
-they do not stop a job without the option either.
+leaving the blamed nodes out leaves no failed cell among the others.
 
 The head cannot leave: jobs start from it (launch.sh, pdsh, the job directory), and doctor
 probes the rendezvous port, pdsh, memlock and the clocks from it alone, so no other node has
@@ -20,8 +19,6 @@ from typing import Any
 
 from ..errors import DsclusterError
 from .report import DoctorReport
-
-ISOLATE = "isolate: "  # how a health finding's action leads its detail (health/registry.detail)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,8 +34,7 @@ class Excluded:
 
 
 def unhealthy(report: DoctorReport) -> list[Excluded]:
-    """The nodes to leave out, in the report's host order: any failed cell, or a warning a
-    health check gives with the action "isolate"."""
+    """The nodes to leave out, in the report's host order: those with a failed cell."""
     out = []
     for host in report.hosts:
         reasons: dict[str, list[str]] = {}
@@ -46,11 +42,8 @@ def unhealthy(report: DoctorReport) -> list[Excluded]:
             cell = report.cells.get(check, {}).get(host)
             if cell is None:
                 continue
-            isolate = [d for d in cell.details if d.startswith(ISOLATE)]
             if cell.status == "fail":
                 reasons[check] = cell.details or ["failed"]
-            elif cell.status == "warn" and isolate:
-                reasons[check] = isolate
         if reasons:
             why = "; ".join(f"{check}: {'; '.join(details)}" for check, details in reasons.items())
             out.append(Excluded(host, tuple(reasons), why))

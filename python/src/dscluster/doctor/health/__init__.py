@@ -16,6 +16,9 @@ from collections.abc import Mapping
 # What an admin does about a finding, most drastic first (awsome-distributed-training's
 # grading): take the node out of the job, reboot it, reset one GPU, or keep an eye on it.
 ACTIONS = ("isolate", "reboot", "reset", "monitor")
+# The actions that take the node out of use until done: a finding with one fails, so doctor
+# exits non-zero and --exclude-unhealthy leaves the node out. A warning is for monitor only.
+DRASTIC = ACTIONS[:3]
 # A cell's status, least to most severe: the worst of its findings wins (report.Cell).
 STATUS_ORDER = {"pass": 0, "skip": 1, "warn": 2, "fail": 3}
 
@@ -55,6 +58,8 @@ class Finding:
             raise ValueError(f"status {self.status!r}")
         if self.action and self.action not in ACTIONS:
             raise ValueError(f"action {self.action!r}")
+        if self.status == "warn" and self.action in DRASTIC:
+            raise ValueError(f"a warning's action is monitor, not {self.action}: fail instead")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -190,5 +190,6 @@ def _judge_ports(ports: list[Port], summary: list[str]) -> list[Finding]:
             if action == "isolate"
             else f"if the jobs use {p.device}, {cause}"
         )
-        findings.append(Finding("warn", detail, action, fix, p.evidence))
+        findings.append(Finding("fail" if action == "isolate" else "warn", detail, action, fix,
+                                p.evidence))  # fmt: skip
     return findings

@@ -22,6 +22,18 @@ _GPU = re.compile(r"^GPU (\d+): (.*?)(?: \(UUID: (\S+)\))?\s*$")
 _SPEED = re.compile(r"^\s+Link (\d+): (?:(\d+(?:\.\d+)?) GB/s|<inactive>)\s*$")
 _COUNTER = re.compile(r"^\s+Link (\d+): ([A-Za-z][A-Za-z ]*?): (\d+|N/A)\s*$")
 _ALL_INACTIVE = "all links are inactive"
+# GPUs on an SXM (or SXM-class) baseboard, by the product name nvidia-smi prints: their NVLinks
+# are the board's, never an optional bridge, so one GPU with none up beside linked peers is a
+# fault. "SXM" is in the A100/V100/P100 names; H100 SXM prints "H100 80GB HBM3" (its PCIe and
+# NVL cards say so), and H200/B200/B100/GB200 come as SXM-class modules only.
+_SXM = re.compile(
+    r"SXM|\bH100 \d+GB HBM3\b|\b(?:H200|B200|B100|GB200|GB300|B300)\b(?!.*\b(?:NVL|PCIe)\b)"
+)
+
+
+def sxm_board(product: str) -> bool:
+    """Whether nvidia-smi's product name is an SXM module's (_SXM), not a PCIe card's."""
+    return bool(_SXM.search(product)) and "PCIe" not in product
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,17 +138,32 @@ def _status_findings(gpus: list[NvlinkGpu]) -> list[Finding]:
                 )
             )
         elif not g.up and (g.down or g.all_inactive) and linked:
-            findings.append(
-                Finding(
-                    "warn",
-                    f"{g.name}: every NVLink inactive while "
-                    f"{', '.join(p.name for p in linked)} have links up",
-                    "reset",
-                    f"Reset the GPU (nvidia-smi -r -i {g.index}) and re-check; a card without an "
-                    "NVLink bridge by design stays like this",
-                    f"GPU {g.index}: all links inactive",
+            peers = ", ".join(p.name for p in linked)
+            if sxm_board(g.product):
+                findings.append(
+                    Finding(
+                        "fail",
+                        f"{g.name} ({g.product}): every NVLink inactive while {peers} have "
+                        "links up",
+                        "reset",
+                        f"Reset the GPU (nvidia-smi -r -i {g.index}) and re-check; if the links "
+                        "stay down, drain the node and check the baseboard and fabric manager",
+                        f"GPU {g.index}: all links inactive",
+                    )
                 )
-            )
+            else:
+                # a PCIe card: an NVLink bridge is optional, and a card without one stays so
+                findings.append(
+                    Finding(
+                        "warn",
+                        f"{g.name} ({g.product}): every NVLink inactive while {peers} have "
+                        "links up",
+                        "monitor",
+                        "A PCIe card without an NVLink bridge by design stays like this; if it "
+                        f"has one, reseat it, then reset the GPU (nvidia-smi -r -i {g.index})",
+                        f"GPU {g.index}: all links inactive",
+                    )
+                )
     return findings
 
 

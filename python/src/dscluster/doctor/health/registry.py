@@ -112,13 +112,21 @@ def unreadable_line(host: str, exc: Unreadable) -> str:
 
 
 def judge_node(outputs: NodeOutputs, expect: Expect) -> dict[str, list[Finding]]:
-    """Every health check on one node. A file a judge cannot parse fails that check in one
-    line naming the node and the file; a judge's own error (a bug) does too, not the run."""
+    """Every health check on one node. A file a judge cannot parse fails the first check that
+    reads it in one line naming the node and the file (the others skip); a judge's own error
+    (a bug) fails its check, not the run."""
     results: dict[str, list[Finding]] = {}
+    said: dict[str, str] = {}  # an unreadable file -> the check that failed on it first
     for check in CHECKS:
         try:
             results[check] = list(JUDGES[check](outputs, expect))
         except Unreadable as exc:
+            name = str(exc).partition(": ")[0]
+            if name in said:
+                # one line per node and file: the other checks that read it skip
+                results[check] = [Finding("skip", f"{name} cannot be read (see {said[name]})")]
+                continue
+            said[name] = check
             results[check] = [Finding("fail", unreadable_line(outputs.host, exc))]
         except Exception as exc:  # one judge's bug must not stop the others
             results[check] = [

@@ -164,7 +164,7 @@ def _acs_findings(functions: list[PciFunction]) -> list[Finding]:
         if below:
             findings.append(
                 Finding(
-                    "warn",
+                    "fail",
                     f"PCIe switch port {bridge.address} redirects peer-to-peer traffic (ACS "
                     f"{', '.join(bridge.redirects)}) above "
                     + ", ".join(f"{t.address} ({t.kind})" for t in below),
