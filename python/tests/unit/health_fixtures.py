@@ -125,6 +125,17 @@ FAULTS: dict[str, tuple[str, tuple[Edit, ...]]] = {
             for r in ("hw_slowdown", "hw_thermal_slowdown")
         ),
     ),
+    # The SXM module's link trained at x4 of x16 (the node's only GPU: no sibling to compare).
+    "a100_x4": (
+        A100,
+        (
+            Edit(
+                "",
+                "<current_link_width>16x</current_link_width>",
+                "<current_link_width>4x</current_link_width>",
+            ),
+        ),
+    ),
     # Two uncorrectable DRAM errors since the driver loaded (volatile and aggregate).
     "a100_dram_unc": (
         A100,

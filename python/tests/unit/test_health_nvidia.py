@@ -120,6 +120,13 @@ def test_pcie_width_degraded_against_siblings_fails():
     assert finding.detail.startswith("GPU 5 (00000000:00:12.0): PCIe link x4, not x16")
 
 
+def test_pcie_narrow_sxm_module_fails_alone():
+    # An SXM module's link is x16 by design: no sibling is needed to prove it (issue 77).
+    finding = only(judged(nvidia.judge_pcie, fault("a100_x4"), NVIDIA1))
+    assert (finding.status, finding.action) == ("fail", "isolate")
+    assert finding.detail.endswith("PCIe link x4, not x16 (an SXM module's link is x16 by design)")
+
+
 def test_pcie_narrow_single_gpu_only_warns():
     # A real recording: an AWS T4 at x8 of x16, no sibling to prove the slot is x16.
     finding = only(judged(nvidia.judge_pcie, fixture(T4), NVIDIA1))

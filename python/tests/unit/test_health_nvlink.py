@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dscluster.doctor.health import Expect, Finding, Unreadable, nvlink
+from dscluster.doctor.health import Expect, Finding, Unreadable, nvidia, nvlink
 
 from .health_fixtures import (
     NVLINK_A100_E,
@@ -102,7 +102,7 @@ def test_an_sxm_gpu_with_every_link_inactive_beside_linked_peers_fails_with_rese
     ],
 )
 def test_sxm_boards_by_product_name(product, sxm):
-    assert nvlink.sxm_board(product) is sxm
+    assert nvidia.sxm_board(product) is sxm
 
 
 def test_error_counters_warn_with_monitor():

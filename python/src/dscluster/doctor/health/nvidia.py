@@ -398,6 +398,20 @@ def judge_ecc(outputs: NodeOutputs, expect: Expect) -> list[Finding]:
     return _per_gpu(outputs, _ecc_finding, _ecc_healthy)
 
 
+# GPUs on an SXM (or SXM-class) baseboard, by the product name nvidia-smi prints: their NVLinks
+# are the board's, never an optional bridge, and their PCIe link is x16 by design (nvlink.py,
+# judge_pcie). "SXM" is in the A100/V100/P100 names; H100 SXM prints "H100 80GB HBM3" (its PCIe and
+# NVL cards say so), and H200/B200/B100/GB200 come as SXM-class modules only.
+_SXM = re.compile(
+    r"SXM|\bH100 \d+GB HBM3\b|\b(?:H200|B200|B100|GB200|GB300|B300)\b(?!.*\b(?:NVL|PCIe)\b)"
+)
+
+
+def sxm_board(product: str) -> bool:
+    """Whether nvidia-smi's product name is an SXM module's (_SXM), not a PCIe card's."""
+    return bool(_SXM.search(product)) and "PCIe" not in product
+
+
 # PCIe link. NVML's max link width/generation is what "this device and system" can reach
 # (nvmlDeviceGetMaxPcieLinkWidth: a x16 GPU in a x8 slot reports x8), so current below max is
 # a link that trained short. But nvidia-smi's documentation says of both current values "These
@@ -405,7 +419,8 @@ def judge_ecc(outputs: NodeOutputs, expect: Expect) -> list[Finding]:
 # recorded RTX 4000 Ada at rest shows gen 1 of 4). So: the generation only counts while the
 # GPU is busy (warn, monitor); a narrow width counts always, and it fails (isolate: a reseat
 # or a riser, not software) when a GPU of the same model on the node runs at full width,
-# which proves the platform can; otherwise it warns.
+# which proves the platform can, or when the GPU is an SXM module (x16 by design); otherwise
+# it warns.
 def judge_pcie(outputs: NodeOutputs, expect: Expect) -> list[Finding]:
     """PCIe link width and generation of each GPU against its maximum."""
     text = outputs.text(FILE)
@@ -420,12 +435,18 @@ def judge_pcie(outputs: NodeOutputs, expect: Expect) -> list[Finding]:
     for g in log.gpus:
         evidence = f"gen {g.gen_current}/{g.gen_max}, width x{g.width_current}/x{g.width_max}"
         if g.width_current is not None and g.width_max and g.width_current < g.width_max:
-            proven = g.product in full
+            proven = g.product in full or sxm_board(g.product)
             findings.append(
                 Finding(
                     "fail" if proven else "warn",
                     f"{g.name}: PCIe link x{g.width_current}, not x{g.width_max}"
-                    + (" (other GPUs of this model run at full width)" if proven else ""),
+                    + (
+                        " (other GPUs of this model run at full width)"
+                        if g.product in full
+                        else " (an SXM module's link is x16 by design)"
+                        if proven
+                        else ""
+                    ),
                     "isolate" if proven else "monitor",
                     "Drain the node and reseat the GPU or its riser; a reboot retrains the link"
                     if proven

@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from . import Expect, Finding, NodeOutputs, Unreadable
+from .nvidia import sxm_board
 
 STATUS = "nvidia-smi-nvlink-s.txt"
 ERRORS = "nvidia-smi-nvlink-e.txt"
@@ -22,18 +23,6 @@ _GPU = re.compile(r"^GPU (\d+): (.*?)(?: \(UUID: (\S+)\))?\s*$")
 _SPEED = re.compile(r"^\s+Link (\d+): (?:(\d+(?:\.\d+)?) GB/s|<inactive>)\s*$")
 _COUNTER = re.compile(r"^\s+Link (\d+): ([A-Za-z][A-Za-z ]*?): (\d+|N/A)\s*$")
 _ALL_INACTIVE = "all links are inactive"
-# GPUs on an SXM (or SXM-class) baseboard, by the product name nvidia-smi prints: their NVLinks
-# are the board's, never an optional bridge, so one GPU with none up beside linked peers is a
-# fault. "SXM" is in the A100/V100/P100 names; H100 SXM prints "H100 80GB HBM3" (its PCIe and
-# NVL cards say so), and H200/B200/B100/GB200 come as SXM-class modules only.
-_SXM = re.compile(
-    r"SXM|\bH100 \d+GB HBM3\b|\b(?:H200|B200|B100|GB200|GB300|B300)\b(?!.*\b(?:NVL|PCIe)\b)"
-)
-
-
-def sxm_board(product: str) -> bool:
-    """Whether nvidia-smi's product name is an SXM module's (_SXM), not a PCIe card's."""
-    return bool(_SXM.search(product)) and "PCIe" not in product
 
 
 @dataclasses.dataclass(frozen=True)
