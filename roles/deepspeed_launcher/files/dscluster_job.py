@@ -358,12 +358,7 @@ class Supervisor:
         )
         policy = self.spec.get("restart") if isinstance(self.spec.get("restart"), dict) else None
         attempt = new_attempt(
-            0,
-            self.id,
-            self.spec["dir"],
-            self.state["nodes"],
-            self.state["ranks"],
-            str((policy or {}).get("resumed_from", "")),
+            0, self.id, self.spec["dir"], self.state["nodes"], self.state["ranks"], ""
         )
         self.state.update(state="running", pid=os.getpid())
         left = dict((policy or {}).get("left") or {})

@@ -4,6 +4,7 @@ playbooks/launch.yml (the one place with I/O), the dry-run description.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -27,7 +28,7 @@ from . import jobs
 from .exclude import plan_on
 from .launchers.mpi import render_mpi_hostfile
 from .render import Plan
-from .replan import SPEC, ZIPAPP, spec_of, zipapp_bytes
+from .replan import SPEC, ZIPAPP, plan_next, spec_of, zipapp_bytes
 from .request import JobSite, LaunchRequest
 from .restart import (
     CHECKPOINT_STATE,
@@ -498,9 +499,8 @@ def _launch_with_restarts(  # noqa: PLR0913 - launch's parts for the supervisor'
             markup=False,
             highlight=False,
         )
-    first_env = _first_env(record)
-    plan = plan_for(inv, files, staged, record.launch_id, left_out=left_out, job_env=first_env)
-    site = site_for(inv, files, record.launch_id, first_env)
+    site = site_for(inv, files, record.launch_id, _first_env(record))
+    plan = plan_on(site, staged, left_out)
     shared = storage.inventory_paths(inv).shared
     replan = spec_of(site, staged, record, staged_names, push=not shared)
     spec = {
@@ -515,7 +515,7 @@ def _launch_with_restarts(  # noqa: PLR0913 - launch's parts for the supervisor'
     # Detached (--detach, Ctrl-C) goes up from here: the supervisor's record is the job's.
     result = run(plan, spec, extra)
     try:
-        plan, result = _attempts_of(inv, files, staged, record, result, left_out)
+        plan, result = _attempts_of(inv, plan, replan, record, result, left_out)
     finally:
         record.write(inv.directory / "reports")
     return plan, dataclasses.replace(result, left_out=left_out, record=record)
@@ -523,20 +523,19 @@ def _launch_with_restarts(  # noqa: PLR0913 - launch's parts for the supervisor'
 
 def _attempts_of(
     inv: Inventory,
-    files: LaunchFiles,
-    staged: LaunchRequest,
+    first: Plan,
+    replan: Mapping,
     record: RunRecord,
     result: JobResult,
     left_out: Mapping[str, str],
 ) -> tuple[Plan, JobResult]:
     """The run record's attempts from the supervisor's, each attempt's lines in a log of its
-    own; the last attempt's plan (planned again here, as the head did) and result."""
+    own; the last attempt's plan (planned again here by the head's own plan_next, from the
+    spec staged with the job) and result."""
     states = [a for a in result.state.get("attempts") or [] if isinstance(a, dict)]
     record.stopped = str(result.state.get("stopped") or "")
     if not states:
-        plan = plan_for(inv, files, staged, record.launch_id, left_out=left_out,
-                        job_env=_first_env(record))  # fmt: skip
-        return plan, judged(result, plan)
+        return first, judged(result, first)
     starts = [int(a.get("log_from") or 0) for a in states]
     groups: list[list[str]] = [[] for _ in states]
     for n, text in enumerate(result.log_lines):
@@ -549,19 +548,15 @@ def _attempts_of(
         logs.append(str(path))
     record.attempts = attempts_from(states, groups, logs, result.fetched.get(CHECKPOINT_STATE, ""))
     last = states[-1]
-    left = dict(left_out)
-    for a in states[:-1]:
-        left.update(a.get("lost") or {})
-    env = {
-        **_first_env(record),
-        "DSCLUSTER_RESTART": str(last.get("restart", 0)),
-        "DSCLUSTER_CHECKPOINT_TAG": str(last.get("resumed_from") or ""),
-    }
-    try:
-        plan = plan_for(inv, files, staged, str(last.get("run_id")), left_out=left, job_env=env)
-    except DsclusterError:
-        plan = plan_for(inv, files, staged, record.launch_id, left_out=left_out,
-                        job_env=_first_env(record))  # fmt: skip
+    plan = first
+    if int(last.get("restart") or 0) > 0:
+        left = dict(left_out)
+        for a in states[:-1]:
+            left.update(a.get("lost") or {})
+        with contextlib.suppress(DsclusterError):  # the head planned it: the first plan else
+            plan = plan_next(
+                replan, int(last["restart"]), left, str(last.get("resumed_from") or "")
+            )
     own = dataclasses.replace(
         result, log_lines=groups[-1], log_path=pathlib.Path(logs[-1]), offsets=[]
     )
